@@ -45,10 +45,11 @@ const char *kreg_md_dev_name(uct_ib_md_t *md);
 ucs_status_t kreg_ib_md_open(const char *md_name, const uct_md_config_t *config,
                              uct_md_h *md_p);
 void kreg_invoke_completion(uct_completion_t *comp, ucs_status_t status);
+/* Whether a component of that name is registered in this process. */
+int kreg_component_loaded(const char *name);
 
-/* Takes over uct_ib_component.md_open so that stock IB mds opened while the
- * kernel event source is active get watched too (hazard 3); and gives it
- * back. */
+/* Takes over uct_ib_component.md_open so that stock IB mds take the kernel
+ * event source and get watched too (hazard 3); and gives it back. */
 void kreg_stock_ib_hook_install(void);
 void kreg_stock_ib_hook_remove(void);
 

@@ -5,7 +5,10 @@
  */
 #include "ib_regcache.h"
 
+#include <uct/base/uct_component.h>
 #include <uct/base/uct_iface.h>
+
+#include <string.h>
 
 const char *kreg_md_dev_name(uct_ib_md_t *md)
 {
@@ -22,4 +25,16 @@ ucs_status_t kreg_ib_md_open(const char *md_name, const uct_md_config_t *config,
 void kreg_invoke_completion(uct_completion_t *comp, ucs_status_t status)
 {
     uct_invoke_completion(comp, status);
+}
+
+int kreg_component_loaded(const char *name)
+{
+    uct_component_t *component;
+
+    ucs_list_for_each(component, &uct_components_list, list) {
+        if (!strcmp(component->name, name)) {
+            return 1;
+        }
+    }
+    return 0;
 }

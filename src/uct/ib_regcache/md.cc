@@ -13,9 +13,10 @@
  *
  * rkey pack/unpack, atomic and indirect keys, ODP: UCX's, untouched.
  *
- * Hazard 3: UCX's stock "ib" mds opened while the kernel event source is
- * active get the same decoration (their caches rely on the same external
- * events), see kreg_stock_md_open.
+ * Hazard 3: UCX's stock "ib" mds get the same decoration (their caches rely
+ * on the same external events), see kreg_stock_md_open; UCP's own cache is
+ * disabled (component.c); the knem component, whose cache relies on the
+ * same events, makes our md refuse to open.
  */
 #include "ib_regcache.h"
 
@@ -63,7 +64,6 @@ struct MdState {
     bool                  own;        /* opened by ib_regcache, not stock ib */
     bool                  decorated;  /* registrations are watched          */
     bool                  stop_kreg;  /* holds a kreg_start() to pair       */
-    bool                  active;     /* counted in g_active                */
     std::atomic<uint64_t> watched{0};
     std::atomic<uint64_t> uncached{0};
 };
@@ -77,12 +77,8 @@ MdState *state_of(uct_ib_md_t *md)
                                       offsetof(MdState, md_ops));
 }
 
-/* Serializes md opens of both components, so that a stock md's rcache is
- * never created between "the kernel source is not active" and our first
- * md declaring the external event. */
+/* Serializes md opens of both components. */
 std::mutex g_open_lock;
-/* mds (ours or stock) open now that hold a successful kreg_start(). */
-unsigned g_active;
 uct_component_md_open_func_t g_stock_md_open;
 
 /* The md whose rcache registration runs on this thread: reg_key only
@@ -364,12 +360,6 @@ void kreg_md_close(uct_md_h uct_md)
      * through st's ops: free st only afterwards. */
     st->orig_md_ops->close(uct_md);
 
-    {
-        std::lock_guard<std::mutex> guard(g_open_lock);
-        if (st->active) {
-            --g_active;
-        }
-    }
     if (st->stop_kreg) {
         kreg_stop();
     }
@@ -384,8 +374,7 @@ bool is_unsupported_stub(const void *fn)
 
 /* Takes md's ops into a new state. With decorate, registrations through
  * the rcache are watched; else only close is ours (to pair kreg_stop). */
-MdState *adopt(uct_ib_md_t *md, bool own, bool decorate, bool stop_kreg,
-               bool active)
+MdState *adopt(uct_ib_md_t *md, bool own, bool decorate, bool stop_kreg)
 {
     auto *st = new (std::nothrow) MdState();
 
@@ -400,7 +389,6 @@ MdState *adopt(uct_ib_md_t *md, bool own, bool decorate, bool stop_kreg,
     st->own         = own;
     st->decorated   = decorate;
     st->stop_kreg   = stop_kreg;
-    st->active      = active;
 
     st->md_ops.close = kreg_md_close;
     if (decorate) {
@@ -420,36 +408,25 @@ MdState *adopt(uct_ib_md_t *md, bool own, bool decorate, bool stop_kreg,
     return st;
 }
 
-/* Stock "ib" md_open, wrapped (hazard 3). While one of our mds has the
- * kernel event source active, UCM installs no hooks for a new rcache, so a
- * stock md's cache would only ever hear of the ranges we watch. Such an md
- * is decorated like ours (it keeps the stock component) and holds its own
- * kreg_start() so the external declaration outlives it. A stock md opened
- * while the source is not active gets UCM's hooks for its rcache (or no
- * rcache), and those keep working after we declare the event external. */
+/* Stock "ib" md_open, wrapped (hazard 3). Once the unmap event is
+ * declared external UCM installs no hooks for a new rcache, so a stock md's
+ * cache would hear only of the ranges we watch; and a stock md opened
+ * before ours (UCP opens every md, "ib" comes first) would install UCM's
+ * malloc and mmap hooks for the whole process. So with this library loaded
+ * every stock IB md takes the kernel event source too and is decorated like
+ * ours, keeping its own component and transport names. If the source cannot
+ * start, the stock md runs as UCX made it (hooks, or no cache), and so do
+ * ours. */
 ucs_status_t kreg_stock_md_open(uct_component_t *component,
                                 const char *md_name,
                                 const uct_md_config_t *config, uct_md_h *md_p)
 {
     std::lock_guard<std::mutex> guard(g_open_lock);
-    ucs_status_t status;
+    ucs_status_t kst, status;
     uct_ib_md_t *md;
     uct_md_h uct_md;
 
-    if (g_active == 0) {
-        return g_stock_md_open(component, md_name, config, md_p);
-    }
-
-    status = kreg_start();
-    if (status != UCS_OK) {
-        kreg_stop();
-        ucs_error("ib_regcache: stock ib md %s refused: the kernel event "
-                  "source is declared for this process but cannot be joined "
-                  "(%s); its registration cache would go stale", md_name,
-                  ucs_status_string(status));
-        return UCS_ERR_UNSUPPORTED;
-    }
-
+    kst    = kreg_start();
     status = g_stock_md_open(component, md_name, config, &uct_md);
     if (status != UCS_OK) {
         kreg_stop();
@@ -457,14 +434,16 @@ ucs_status_t kreg_stock_md_open(uct_component_t *component,
     }
 
     md = reinterpret_cast<uct_ib_md_t*>(uct_md);
-    if (adopt(md, false, md->rcache != nullptr, true, true) == nullptr) {
+    if (adopt(md, false, (kst == UCS_OK) && (md->rcache != nullptr), true) ==
+        nullptr) {
         uct_md->ops->close(uct_md);
         kreg_stop();
         return UCS_ERR_NO_MEMORY;
     }
-    ++g_active;
-    ucs_diag("ib_regcache: stock ib md %s opened while the kernel event "
-             "source is active: its registrations are watched too", md_name);
+    if ((kst == UCS_OK) && (md->rcache != nullptr)) {
+        ucs_debug("ib_regcache: stock ib md %s: registration cache watched "
+                  "by the kernel too", md_name);
+    }
     *md_p = uct_md;
     return UCS_OK;
 }
@@ -492,6 +471,13 @@ extern "C" ucs_status_t kreg_md_open(uct_component_t *component,
         return UCS_ERR_UNSUPPORTED;
     }
 
+    if (kreg_component_loaded("knem")) {
+        ucs_error("ib_regcache: %s refused: the knem component keeps a "
+                  "registration cache of its own that relies on the same "
+                  "unmap events and is not watched", md_name);
+        return UCS_ERR_UNSUPPORTED;
+    }
+
     /* Before UCX creates the md's rcache: it must see the external event
      * declaration, so that UCM installs no hooks for it. */
     kst = kreg_start();
@@ -513,13 +499,10 @@ extern "C" ucs_status_t kreg_md_open(uct_component_t *component,
     md->super.component = &kreg_component;
     decorate            = (kst == UCS_OK) && (md->rcache != nullptr);
 
-    if (adopt(md, true, decorate, true, kst == UCS_OK) == nullptr) {
+    if (adopt(md, true, decorate, true) == nullptr) {
         uct_md->ops->close(uct_md);
         kreg_stop();
         return UCS_ERR_NO_MEMORY;
-    }
-    if (kst == UCS_OK) {
-        ++g_active;
     }
 
     if (decorate) {
