@@ -1,0 +1,222 @@
+#include "uffd.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Debian 12's kernel headers are 6.1; these came later. */
+#ifndef UFFD_FEATURE_WP_ASYNC
+#define UFFD_FEATURE_WP_ASYNC (1ULL << 15)
+#endif
+#ifndef UFFD_USER_MODE_ONLY
+#define UFFD_USER_MODE_ONLY 1
+#endif
+
+namespace kreg {
+
+namespace {
+
+constexpr uint64_t required_features =
+    UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE |
+    UFFD_FEATURE_PAGEFAULT_FLAG_WP;
+
+int api_handshake(int fd, uint64_t want, uint64_t *granted)
+{
+    struct uffdio_api api = {};
+    api.api      = UFFD_API;
+    api.features = want;
+    if (ioctl(fd, UFFDIO_API, &api) != 0) {
+        return errno;
+    }
+    *granted = api.features;
+    return 0;
+}
+
+} // namespace
+
+kreg_reason_t Uffd::reason_of(int err)
+{
+    switch (err) {
+    case ENOSYS: return KREG_REASON_ENOSYS;
+    case EPERM:
+    case EACCES: return KREG_REASON_EPERM;
+    case EBUSY:  return KREG_REASON_EBUSY;
+    case EINVAL: return KREG_REASON_EINVAL;
+    default:     return KREG_REASON_OTHER;
+    }
+}
+
+int Uffd::open_fd(int flags, bool *via_device)
+{
+    *via_device = false;
+    int fd = static_cast<int>(syscall(SYS_userfaultfd, flags));
+    if (fd >= 0) {
+        return fd;
+    }
+    int sys_err = errno;
+    /* The syscall is refused (seccomp, vm.unprivileged_userfaultfd=0 with
+     * a kernel that ignores UFFD_USER_MODE_ONLY) but the device may be
+     * open to us. */
+    if ((sys_err == EPERM || sys_err == ENOSYS) && try_device_) {
+        int dev = ::open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+        if (dev >= 0) {
+            fd = ioctl(dev, USERFAULTFD_IOC_NEW, flags);
+            int dev_err = errno;
+            ::close(dev);
+            if (fd >= 0) {
+                *via_device = true;
+                return fd;
+            }
+            errno = dev_err;
+            return -1;
+        }
+    }
+    errno = sys_err;
+    return -1;
+}
+
+bool Uffd::open(const UffdOptions &opts)
+{
+    close();
+    try_device_ = opts.try_device;
+    reason_     = KREG_REASON_NONE;
+    error_.clear();
+
+    /* UFFD_USER_MODE_ONLY lets an unprivileged process open it while
+     * vm.unprivileged_userfaultfd=0; kernels before 5.11 reject the flag. */
+    int flags = O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY;
+    bool dev  = false;
+    int probe = open_fd(flags, &dev);
+    if (probe < 0 && errno == EINVAL) {
+        flags &= ~UFFD_USER_MODE_ONLY;
+        probe = open_fd(flags, &dev);
+    }
+    if (probe < 0) {
+        int err = errno;
+        reason_ = reason_of(err);
+        error_  = std::string("userfaultfd: ") + strerror(err);
+        return false;
+    }
+
+    /* UFFDIO_API can be called once per descriptor: ask what the kernel
+     * has on a probe descriptor, then open the real one with our choice. */
+    uint64_t avail = 0;
+    int err = api_handshake(probe, 0, &avail);
+    ::close(probe);
+    if (err != 0) {
+        reason_ = reason_of(err);
+        error_  = std::string("UFFDIO_API: ") + strerror(err);
+        return false;
+    }
+    if ((avail & required_features) != required_features) {
+        reason_ = KREG_REASON_EINVAL;
+        error_  = "the kernel lacks userfaultfd unmap/remove events or "
+                  "write-protect mode (needs Linux 5.7)";
+        return false;
+    }
+
+    uint64_t want = UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE;
+    if (opts.want_remap) {
+        want |= UFFD_FEATURE_EVENT_REMAP & avail;
+    }
+    if (opts.try_wp_async) {
+        want |= UFFD_FEATURE_WP_ASYNC & avail;
+    }
+
+    int fd = open_fd(flags, &dev);
+    if (fd < 0) {
+        err     = errno;
+        reason_ = reason_of(err);
+        error_  = std::string("userfaultfd: ") + strerror(err);
+        return false;
+    }
+    uint64_t granted = 0;
+    err = api_handshake(fd, want, &granted);
+    if (err != 0) {
+        ::close(fd);
+        reason_ = reason_of(err);
+        error_  = std::string("UFFDIO_API: ") + strerror(err);
+        return false;
+    }
+    fd_             = fd;
+    features_       = want;
+    via_device_     = dev;
+    user_mode_only_ = (flags & UFFD_USER_MODE_ONLY) != 0;
+    return true;
+}
+
+void Uffd::close()
+{
+    if (fd_ >= 0) {
+        ::close(fd_);
+        fd_ = -1;
+    }
+}
+
+int Uffd::release_fd()
+{
+    int fd = fd_;
+    fd_    = -1;
+    return fd;
+}
+
+bool Uffd::wp_async() const
+{
+    return (features_ & UFFD_FEATURE_WP_ASYNC) != 0;
+}
+
+bool Uffd::event_remap() const
+{
+    return (features_ & UFFD_FEATURE_EVENT_REMAP) != 0;
+}
+
+int Uffd::watch(uintptr_t start, size_t len) const
+{
+    struct uffdio_register reg = {};
+    reg.range.start = start;
+    reg.range.len   = len;
+    /* Write-protect mode, and no page is ever write-protected: faults
+     * behave as before, only the unmap/remove/remap events come to us. */
+    reg.mode = UFFDIO_REGISTER_MODE_WP;
+    return ioctl(fd_, UFFDIO_REGISTER, &reg) == 0 ? 0 : errno;
+}
+
+int Uffd::unwatch(uintptr_t start, size_t len) const
+{
+    struct uffdio_range range = {start, len};
+    return ioctl(fd_, UFFDIO_UNREGISTER, &range) == 0 ? 0 : errno;
+}
+
+bool Uffd::wp_check(uintptr_t start, size_t len) const
+{
+    /* Removing write protection that was never set changes nothing, and
+     * the kernel refuses it with ENOENT unless the range lies in mappings
+     * registered with this descriptor in WP mode. */
+    struct uffdio_writeprotect wp = {};
+    wp.range.start = start;
+    wp.range.len   = len;
+    wp.mode        = UFFDIO_WRITEPROTECT_MODE_DONTWAKE;
+    return ioctl(fd_, UFFDIO_WRITEPROTECT, &wp) == 0;
+}
+
+bool Uffd::is_watched(uintptr_t start, size_t len) const
+{
+    if (wp_check(start, len)) {
+        return true;
+    }
+    /* Before Linux 6.3 the check needs the range to lie in one mapping: a
+     * watched range split into several mappings also fails. Halve it down
+     * to single pages before calling it changed. */
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    if (len <= page) {
+        return false;
+    }
+    size_t half = (len / 2 + page - 1) & ~(page - 1);
+    return is_watched(start, half) && is_watched(start + half, len - half);
+}
+
+} // namespace kreg
