@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <ucm/api/ucm.h>
@@ -190,16 +191,26 @@ void flush_watches()
     }
 }
 
-void restart_in_child()
+/* In a forked child, drops what belonged to the parent; life_lock held.
+ * Returns false if there was nothing to drop. */
+bool forget_parent()
 {
-    std::lock_guard<std::mutex> guard(life_lock);
     if (!forked_child.exchange(false)) {
-        return;
+        return false;
     }
     /* The parent's monitor object may hold locks taken by threads that
      * don't exist here: leave it. */
     (void)monitor.release();
     flush_watches();
+    return true;
+}
+
+void restart_in_child()
+{
+    std::lock_guard<std::mutex> guard(life_lock);
+    if (!forget_parent() || (refs == 0)) {
+        return;
+    }
     std::string error;
     if (!open_source(&error)) {
         ucs_warn("kreg: cannot restart in the forked child: %s; every "
@@ -224,6 +235,7 @@ extern "C" {
 ucs_status_t kreg_start(void)
 {
     std::lock_guard<std::mutex> guard(life_lock);
+    forget_parent();
     if (refs++ > 0) {
         return running ? UCS_OK : UCS_ERR_UNSUPPORTED;
     }
@@ -231,8 +243,9 @@ ucs_status_t kreg_start(void)
     std::string error;
     ucs_status_t status = UCS_ERR_UNSUPPORTED;
     if (kreg_options_read(&opts) != UCS_OK) {
-        reason = KREG_REASON_BAD_INPUT;
-        error  = "bad UCX_KREG_* value (see the error above)";
+        reason = KREG_REASON_BAD_CONFIG;
+        error  = "a bad value in UCX_KREG_MODE, _DEVICE, _WP_ASYNC or _QUEUE_SIZE "
+                 "(see the error above)";
         status = UCS_ERR_INVALID_PARAM;
         goto fail;
     }
@@ -275,6 +288,7 @@ fail:
 void kreg_stop(void)
 {
     std::unique_lock<std::mutex> guard(life_lock);
+    forget_parent();
     if (refs == 0) {
         ucs_warn("kreg: kreg_stop() without kreg_start()");
         return;
@@ -317,13 +331,19 @@ int kreg_watch(void *addr, size_t len, kreg_reason_t *reason_p)
         const kreg_reason_t r = reason.load();
         why = (r == KREG_REASON_NONE) ? KREG_REASON_NOT_STARTED : r;
     } else {
+        /* The kernel registers the mappings in a range and skips its holes;
+         * a hole mapped later would not be watched. msync(MS_ASYNC) finds
+         * holes (ENOMEM) walking mappings, not pages. */
         std::lock_guard<std::mutex> guard(map_lock);
-        err = uffd.watch(start, end - start);
-        if (err == 0) {
+        if ((msync(reinterpret_cast<void *>(start), end - start, MS_ASYNC) != 0) &&
+            (errno == ENOMEM)) {
+            why = KREG_REASON_BAD_INPUT;
+            err = ENOMEM;
+        } else if ((err = uffd.watch(start, end - start)) != 0) {
+            why = Uffd::reason_of(err);
+        } else {
             watches.add(start, end);
             counters.watch_calls.fetch_add(1, std::memory_order_relaxed);
-        } else {
-            why = Uffd::reason_of(err);
         }
     }
     if (reason_p != nullptr) {
@@ -447,6 +467,7 @@ const char *kreg_reason_str(kreg_reason_t r)
     case KREG_REASON_BAD_INPUT:   return "bad address range";
     case KREG_REASON_VALGRIND:    return "running under valgrind";
     case KREG_REASON_FORKED:      return "forked child, not restarted";
+    case KREG_REASON_BAD_CONFIG:  return "bad UCX_KREG_* setting";
     case KREG_REASON_OTHER:       return "other error";
     default:                      return "unknown";
     }

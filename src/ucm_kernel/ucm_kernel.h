@@ -48,9 +48,10 @@ typedef enum {
     KREG_REASON_EPERM,        /* refused: seccomp, vm.unprivileged_userfaultfd */
     KREG_REASON_EBUSY,        /* watched by another userfaultfd already   */
     KREG_REASON_EINVAL,       /* memory type the kernel does not watch    */
-    KREG_REASON_BAD_INPUT,    /* zero length, NULL, wrap-around           */
+    KREG_REASON_BAD_INPUT,    /* zero length, NULL, wrap-around, a hole   */
     KREG_REASON_VALGRIND,     /* running under valgrind: never blocks munmap */
     KREG_REASON_FORKED,       /* child of a fork before it re-opened      */
+    KREG_REASON_BAD_CONFIG,   /* a UCX_KREG_* variable has a bad value    */
     KREG_REASON_OTHER,
     KREG_REASON_LAST
 } kreg_reason_t;

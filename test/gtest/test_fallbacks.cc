@@ -1,0 +1,236 @@
+/* Hazard 4: where the kernel won't watch, a clear log line and an uncached
+ * registration, never a cached one. Each case runs in a child process. */
+#include "kreg_test.h"
+
+#include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <linux/userfaultfd.h>
+#include <stddef.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+using namespace kreg_test;
+
+namespace {
+
+/* Makes the userfaultfd syscall fail with err, as a sandbox would. */
+bool refuse_userfaultfd(int err)
+{
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_userfaultfd, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (err & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {sizeof(filter) / sizeof(filter[0]), filter};
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+           prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+/* In a child whose kreg is stopped (refs 0 there): start it under a
+ * refusal and check what a user sees. */
+int refused_start(int err, bool allow_device, kreg_reason_t expect)
+{
+    kreg_stop(); /* the fixture's start, inherited */
+    if (!refuse_userfaultfd(err)) {
+        return 10;
+    }
+    setenv("UCX_KREG_DEVICE", allow_device ? "y" : "n", 1);
+    ucs_status_t st = kreg_start();
+    kreg_caps_t caps;
+    kreg_query(&caps);
+    if (allow_device && access("/dev/userfaultfd", R_OK | W_OK) == 0) {
+        /* the device stands in for the refused syscall */
+        if (st != UCS_OK || !caps.running || !caps.via_device) {
+            return 11;
+        }
+        printf("running via /dev/userfaultfd\n");
+    } else {
+        if (st == UCS_OK || caps.running || caps.reason != expect) {
+            return 12;
+        }
+        void *p = map_anon(4096);
+        kreg_reason_t why;
+        if (kreg_watch(p, 4096, &why) != 0 || why != expect) {
+            return 13;
+        }
+        /* a cache in this state caches nothing */
+        TokenCache cache;
+        for (int i = 0; i < 3; ++i) {
+            auto hit = cache.lookup(p, 4096);
+            if (!hit.ok || hit.cached) {
+                return 14;
+            }
+        }
+    }
+    kreg_stop();
+    return 0;
+}
+
+class Fallbacks : public testing::Test {
+protected:
+    void SetUp() override
+    {
+        if (getenv("KREG_TEST_IN_VALGRIND") == nullptr) {
+            ASSERT_EQ(UCS_OK, source_.status());
+        }
+    }
+    Source source_;
+};
+
+TEST_F(Fallbacks, EnosysWithoutDevice)
+{
+    auto r = run_child([] { return refused_start(ENOSYS, false, KREG_REASON_ENOSYS); });
+    EXPECT_EQ(0, r.status) << r.output;
+    EXPECT_NE(std::string::npos, r.output.find("kernel memory events unavailable"))
+        << r.output;
+    EXPECT_NE(std::string::npos, r.output.find("no userfaultfd")) << r.output;
+}
+
+TEST_F(Fallbacks, EpermWithoutDevice)
+{
+    auto r = run_child([] { return refused_start(EPERM, false, KREG_REASON_EPERM); });
+    EXPECT_EQ(0, r.status) << r.output;
+    EXPECT_NE(std::string::npos, r.output.find("not permitted")) << r.output;
+}
+
+TEST_F(Fallbacks, EpermFallsBackToDevice)
+{
+    if (access("/dev/userfaultfd", R_OK | W_OK) != 0) {
+        GTEST_SKIP() << "/dev/userfaultfd not usable here (needs root or the "
+                        "device's group); EpermWithoutDevice covers the refusal";
+    }
+    auto r = run_child([] { return refused_start(EPERM, true, KREG_REASON_EPERM); });
+    EXPECT_EQ(0, r.status) << r.output;
+    EXPECT_NE(std::string::npos, r.output.find("via /dev/userfaultfd")) << r.output;
+}
+
+TEST_F(Fallbacks, EbusyWhenAnotherUserfaultfdWatches)
+{
+    const size_t len = 8 * page();
+    void *p = map_anon(len);
+    ASSERT_NE(nullptr, p);
+    int other = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | 1 /* user mode only */));
+    ASSERT_GE(other, 0);
+    struct uffdio_api api = {UFFD_API, 0, 0};
+    ASSERT_EQ(0, ioctl(other, UFFDIO_API, &api));
+    struct uffdio_register reg = {{reinterpret_cast<uintptr_t>(p), len},
+                                  UFFDIO_REGISTER_MODE_MISSING, 0};
+    ASSERT_EQ(0, ioctl(other, UFFDIO_REGISTER, &reg));
+
+    kreg_stats_t before, after;
+    kreg_get_stats(&before);
+    kreg_reason_t why;
+    EXPECT_EQ(0, kreg_watch(p, len, &why));
+    EXPECT_EQ(KREG_REASON_EBUSY, why);
+    kreg_get_stats(&after);
+    EXPECT_EQ(before.fallbacks[KREG_REASON_EBUSY] + 1, after.fallbacks[KREG_REASON_EBUSY]);
+
+    /* and a cache registers it uncached, every time */
+    TokenCache cache;
+    for (int i = 0; i < 3; ++i) {
+        auto hit = cache.lookup(p, len);
+        EXPECT_TRUE(hit.ok);
+        EXPECT_FALSE(hit.cached);
+    }
+    close(other); /* the kernel drops its registration */
+    munmap(p, len);
+}
+
+TEST_F(Fallbacks, EinvalForFileMappingWithoutWpAsync)
+{
+    auto r = run_child([] {
+        kreg_stop();
+        setenv("UCX_KREG_WP_ASYNC", "n", 1);
+        if (kreg_start() != UCS_OK) {
+            return 20;
+        }
+        FILE *f = tmpfile();
+        if (f == nullptr || ftruncate(fileno(f), 4096) != 0) {
+            return 21;
+        }
+        void *p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fileno(f), 0);
+        if (p == MAP_FAILED) {
+            return 22;
+        }
+        kreg_reason_t why;
+        if (kreg_watch(p, 4096, &why) != 0) {
+            return 23;
+        }
+        if (why != KREG_REASON_EINVAL) {
+            return 24;
+        }
+        /* anonymous memory is still watched */
+        void *a = map_anon(4096);
+        if (kreg_watch(a, 4096, nullptr) != 1) {
+            return 25;
+        }
+        kreg_unwatch(a, 4096);
+        kreg_stop();
+        return 0;
+    });
+    EXPECT_EQ(0, r.status) << r.output;
+    EXPECT_NE(std::string::npos, r.output.find("cannot watch")) << r.output;
+    EXPECT_NE(std::string::npos, r.output.find("memory type the kernel cannot watch"))
+        << r.output;
+}
+
+TEST_F(Fallbacks, BadOptionValueIsRefusedClearly)
+{
+    auto r = run_child([] {
+        kreg_stop();
+        setenv("UCX_KREG_MODE", "fastest", 1);
+        ucs_status_t st = kreg_start();
+        kreg_caps_t caps;
+        kreg_query(&caps);
+        void *p = map_anon(4096);
+        int w   = kreg_watch(p, 4096, nullptr);
+        kreg_stop();
+        return (st == UCS_ERR_INVALID_PARAM && !caps.running && w == 0) ? 0 : 30;
+    });
+    EXPECT_EQ(0, r.status) << r.output;
+    EXPECT_NE(std::string::npos, r.output.find("KREG_MODE")) << r.output;
+}
+
+TEST_F(Fallbacks, UnderValgrindFallsBack)
+{
+    if (getenv("KREG_TEST_IN_VALGRIND") != nullptr) {
+        /* we are the program valgrind runs */
+        kreg_caps_t caps;
+        kreg_query(&caps);
+        EXPECT_FALSE(caps.running);
+        EXPECT_EQ(KREG_REASON_VALGRIND, caps.reason);
+        void *p = map_anon(4096);
+        EXPECT_EQ(0, kreg_watch(p, 4096, nullptr));
+        /* an unwatched munmap must not block under valgrind */
+        EXPECT_EQ(0, munmap(p, 4096));
+        return;
+    }
+    if (system("valgrind --version >/dev/null 2>&1") != 0) {
+        GTEST_SKIP() << "valgrind not installed";
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    ASSERT_GT(n, 0);
+    exe[n] = '\0';
+    std::string cmd = std::string("KREG_TEST_IN_VALGRIND=1 timeout 300 valgrind -q "
+                                  "--error-exitcode=0 ") +
+                      exe + " --gtest_filter=Fallbacks.UnderValgrindFallsBack 2>&1";
+    FILE *out = popen(cmd.c_str(), "r");
+    ASSERT_NE(nullptr, out);
+    std::string text;
+    char buf[512];
+    while (fgets(buf, sizeof(buf), out) != nullptr) {
+        text += buf;
+    }
+    int st = pclose(out);
+    EXPECT_EQ(0, st) << text;
+    EXPECT_NE(std::string::npos, text.find("running under valgrind")) << text;
+    EXPECT_NE(std::string::npos, text.find("[  PASSED  ] 1 test")) << text;
+}
+
+} // namespace

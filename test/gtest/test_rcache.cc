@@ -1,0 +1,243 @@
+/* A real UCS rcache fed by libucm_kernel: same-thread remaps in every mode,
+ * and the cross-thread window of hazard 1 under stress in the default mode.
+ * The oracle is the token each mapping starts with (see TokenCache). */
+#include "kreg_test.h"
+
+#include <cstdlib>
+#include <functional>
+#include <malloc.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <thread>
+#include <unistd.h>
+
+using namespace kreg_test;
+
+namespace {
+
+uint64_t next_token()
+{
+    static std::atomic<uint64_t> token{1};
+    return token++;
+}
+
+void *map_with_token(void *hint, size_t len, int flags = 0)
+{
+    void *p = map_anon(len, hint, flags);
+    if (p != nullptr) {
+        *static_cast<volatile uint64_t *>(p) = next_token();
+    }
+    return p;
+}
+
+class Rcache : public testing::TestWithParam<const char *> {
+protected:
+    void SetUp() override
+    {
+        source_ = std::make_unique<Source>(GetParam());
+        ASSERT_EQ(UCS_OK, source_->status());
+        cache_ = std::make_unique<TokenCache>();
+        ASSERT_TRUE(cache_->created());
+    }
+    void TearDown() override
+    {
+        cache_.reset();
+        source_.reset();
+    }
+    std::unique_ptr<Source>     source_;
+    std::unique_ptr<TokenCache> cache_;
+};
+
+const size_t len = 64 * 1024;
+
+TEST_P(Rcache, HitThenRemapMisses)
+{
+    void *p = map_with_token(nullptr, len);
+    ASSERT_NE(nullptr, p);
+    auto a = cache_->lookup(p, len);
+    auto b = cache_->lookup(p, len);
+    ASSERT_TRUE(a.cached && b.cached);
+    EXPECT_EQ(1u, cache_->registrations()) << "the second lookup must hit";
+
+    ASSERT_EQ(0, syscall(SYS_munmap, p, len)); /* no hook could see this */
+    void *q = map_with_token(p, len, MAP_FIXED_NOREPLACE);
+    ASSERT_EQ(p, q);
+    auto c = cache_->lookup(q, len);
+    EXPECT_TRUE(c.cached);
+    EXPECT_FALSE(c.stale);
+    EXPECT_EQ(2u, cache_->registrations());
+    munmap(q, len);
+}
+
+TEST_P(Rcache, MadviseDontneedDropsTheEntry)
+{
+    void *p = map_with_token(nullptr, len);
+    cache_->lookup(p, len);
+    ASSERT_EQ(0, madvise(p, len, MADV_DONTNEED));
+    *static_cast<volatile uint64_t *>(p) = next_token(); /* new pages, new data */
+    auto c = cache_->lookup(p, len);
+    EXPECT_FALSE(c.stale);
+    EXPECT_EQ(2u, cache_->registrations());
+    munmap(p, len);
+}
+
+TEST_P(Rcache, FreeThenMallocSameAddress)
+{
+    const size_t big = 1 << 20;
+    /* a fixed threshold: glibc serves this with mmap, free unmaps it */
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    void *p = malloc(big);
+    ASSERT_NE(nullptr, p);
+    *static_cast<volatile uint64_t *>(p) = next_token();
+    cache_->lookup(p, big);
+    free(p);
+    void *q = malloc(big);
+    ASSERT_NE(nullptr, q);
+    *static_cast<volatile uint64_t *>(q) = next_token();
+    auto c = cache_->lookup(q, big);
+    EXPECT_FALSE(c.stale) << (p == q ? "same address" : "other address");
+    free(q);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Rcache, testing::Values("plain", "sync", "verify"),
+                         [](const auto &info) { return std::string(info.param); });
+
+/* Hazard 1 under stress: thread A unmaps with a raw syscall, thread B maps
+ * the same address at once and looks it up. Slots change hands between
+ * threads all the time. In the default mode no lookup may ever hit the
+ * entry of the previous mapping. */
+struct StressResult {
+    uint64_t rounds = 0, stale = 0, cached = 0;
+};
+
+StressResult stress(unsigned rounds_per_thread, bool use_malloc)
+{
+    constexpr int nslots = 4;
+    struct Slot {
+        std::atomic<int> busy{0};
+        void            *addr = nullptr;
+    } slots[nslots];
+    /* before the slots are chosen: its pools must not land on them */
+    TokenCache cache;
+    /* the threads first: their stacks must not land on the slots */
+    std::atomic<bool> go{false};
+    std::atomic<uint64_t> stale{0}, cached{0}, rounds{0};
+    std::function<void(unsigned)> work;
+    auto start = [&](unsigned seed) {
+        while (!go.load()) {
+            sched_yield();
+        }
+        work(seed);
+    };
+    std::thread a(start, 0), b(start, 1);
+    /* fixed addresses so that a freed slot is reused at once */
+    char *area = static_cast<char *>(mmap(nullptr, 2 * len * nslots, PROT_NONE,
+                                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    munmap(area, 2 * len * nslots);
+    for (int i = 0; i < nslots; ++i) {
+        slots[i].addr = area + 2 * len * i;
+    }
+
+    /* each malloc a fresh mapping and each free an unmap, so the token
+     * oracle holds: heap reuse would change data without a remap */
+    mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+    const size_t big = 1 << 20;
+    work = [&](unsigned seed) {
+        for (unsigned i = 0; i < rounds_per_thread; ++i) {
+            Slot &s = slots[(seed + i) % nslots];
+            int expected = 0;
+            if (!s.busy.compare_exchange_strong(expected, 1)) {
+                continue;
+            }
+            void *p;
+            if (use_malloc) {
+                p = malloc(big);
+                if (!(static_cast<size_t *>(p)[-1] & 2)) {
+                    /* glibc's IS_MMAPPED bit is clear: a heap chunk, whose
+                     * reuse is no remap; the oracle doesn't apply */
+                    free(p);
+                    s.busy = 0;
+                    continue;
+                }
+                *static_cast<volatile uint64_t *>(p) = next_token();
+            } else {
+                p = map_with_token(s.addr, len, MAP_FIXED_NOREPLACE);
+                if (p != s.addr) {
+                    /* the other thread's unmap is not complete yet */
+                    if (p != nullptr) {
+                        munmap(p, len);
+                    }
+                    s.busy = 0;
+                    continue;
+                }
+            }
+            for (int k = 0; k < 2; ++k) {
+                auto hit = cache.lookup(p, use_malloc ? big : len);
+                stale += hit.stale;
+                cached += hit.cached;
+            }
+            if (use_malloc) {
+                free(p);
+            } else {
+                syscall(SYS_munmap, p, len);
+            }
+            s.busy = 0;
+            ++rounds;
+        }
+    };
+    go = true;
+    a.join();
+    b.join();
+    return StressResult{rounds.load(), stale.load(), cached.load()};
+}
+
+unsigned stress_rounds()
+{
+    const char *env = getenv("KREG_STRESS_ROUNDS");
+    return env ? static_cast<unsigned>(atoi(env)) : 20000;
+}
+
+TEST(Stress, TwoThreadsMmapMunmapVerifyLosesNothing)
+{
+    Source src("verify");
+    ASSERT_EQ(UCS_OK, src.status());
+    auto r = stress(stress_rounds(), false);
+    printf("rounds %lu, cached lookups %lu, stale %lu\n",
+           static_cast<unsigned long>(r.rounds), static_cast<unsigned long>(r.cached),
+           static_cast<unsigned long>(r.stale));
+    EXPECT_GT(r.rounds, stress_rounds() / 4);
+    EXPECT_GT(r.cached, 0u);
+    EXPECT_EQ(0u, r.stale);
+}
+
+TEST(Stress, TwoThreadsMallocFreeVerifyLosesNothing)
+{
+    Source src("verify");
+    ASSERT_EQ(UCS_OK, src.status());
+    auto r = stress(stress_rounds(), true);
+    printf("rounds %lu, cached lookups %lu, stale %lu\n",
+           static_cast<unsigned long>(r.rounds), static_cast<unsigned long>(r.cached),
+           static_cast<unsigned long>(r.stale));
+    EXPECT_GT(r.rounds, stress_rounds() / 4);
+    EXPECT_EQ(0u, r.stale);
+}
+
+/* The oracle can fail: with nothing watching, the same stress is stale. */
+TEST(Stress, OracleSeesStaleWhenNothingWatches)
+{
+    Source src("plain");
+    ASSERT_EQ(UCS_OK, src.status());
+    TokenCache cache;
+    void *p = map_with_token(nullptr, len);
+    auto a  = cache.lookup(p, len);
+    ASSERT_TRUE(a.cached);
+    kreg_unwatch(p, len); /* the cache's watch is gone: an unseen remap */
+    syscall(SYS_munmap, p, len);
+    void *q = map_with_token(p, len, MAP_FIXED_NOREPLACE);
+    ASSERT_EQ(p, q);
+    auto b = cache.lookup(q, len);
+    EXPECT_TRUE(b.stale) << "the token oracle must catch a stale entry";
+    munmap(q, len);
+}
+
+} // namespace
