@@ -9,9 +9,30 @@
 #include <infiniband/verbs.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 static atomic_ulong reg_count, dereg_count;
+
+/* RTLD_NEXT misses libibverbs when UCX dlopen()s it (stock libuct_ib is a
+ * module): then look in the loaded libibverbs itself. */
+static void *next_symbol(const char *name, const char *version)
+{
+    void *sym = dlvsym(RTLD_NEXT, name, version);
+    void *lib;
+
+    if (sym == NULL) {
+        lib = dlopen("libibverbs.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (lib != NULL) {
+            sym = dlvsym(lib, name, version);
+        }
+    }
+    if (sym == NULL) {
+        fprintf(stderr, "count_reg_mr: %s@%s not found\n", name, version);
+        abort();
+    }
+    return sym;
+}
 
 __attribute__((visibility("default")))
 struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
@@ -21,7 +42,7 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
                                   unsigned int);
 
     if (next == NULL) {
-        next = dlvsym(RTLD_NEXT, "ibv_reg_mr_iova2", "IBVERBS_1.8");
+        next = next_symbol("ibv_reg_mr_iova2", "IBVERBS_1.8");
     }
     atomic_fetch_add(&reg_count, 1);
     return next(pd, addr, length, iova, access);
@@ -33,7 +54,7 @@ int ibv_dereg_mr(struct ibv_mr *mr)
     static int (*next)(struct ibv_mr*);
 
     if (next == NULL) {
-        next = dlvsym(RTLD_NEXT, "ibv_dereg_mr", "IBVERBS_1.1");
+        next = next_symbol("ibv_dereg_mr", "IBVERBS_1.1");
     }
     atomic_fetch_add(&dereg_count, 1);
     return next(mr);
