@@ -366,7 +366,7 @@ void kreg_md_close(uct_md_h uct_md)
     delete st;
 }
 
-bool is_unsupported_stub(const void *fn)
+bool is_ucx_unsupported_fn(const void *fn)
 {
     return fn == reinterpret_cast<const void*>(
                          &ucs_empty_function_return_unsupported);
@@ -396,7 +396,7 @@ MdState *adopt(uct_ib_md_t *md, bool own, bool decorate, bool stop_kreg)
         st->md_ops.mem_dereg = kreg_mem_dereg;
         st->ib_ops.reg_key   = watched_reg<false>;
         st->ib_ops.dereg_key = watched_dereg<false>;
-        if (!is_unsupported_stub(
+        if (!is_ucx_unsupported_fn(
                     reinterpret_cast<const void*>(md->ops->reg_multithreaded))) {
             st->ib_ops.reg_multithreaded   = watched_reg<true>;
             st->ib_ops.dereg_multithreaded = watched_dereg<true>;
