@@ -1,0 +1,530 @@
+/* kreg_bench: what libucm_kernel costs next to UCX's own memory hooks.
+ *
+ *   build/bench/kreg_bench                 # 7 runs, ~60 ms per measurement
+ *   build/bench/kreg_bench --reps 5 --ms 100
+ *   build/bench/kreg_bench --quick         # seconds; for a smoke test
+ *
+ * Every configuration runs in its own child process (hooks and UCX's
+ * external-event declaration are process-global): "no_ucx" never calls into
+ * UCX, "hooks" is a plain ucs_rcache with UCX's default UCM settings (malloc
+ * and mmap hooks installed), "plain", "sync" and "verify" are kernel-source
+ * processes (kreg_start() before the rcache, UCX_MEM_MALLOC_HOOKS=n,
+ * UCX_MEM_MMAP_HOOK_MODE=none, UCX_KREG_MODE=<mode>). The parent runs the
+ * children in turn, rotating their order each run, and prints for every
+ * figure the median over the runs of the ratio measured within one run:
+ *
+ *   P1 <workload>.<kernel|hooks>/no_ucx <ratio>   unregistered malloc/mmap
+ *   P2 hit_<size>.<mode>/hooks <ratio>            cache hit (lookup+get+put)
+ *   P3 munmap_1m[_to_rcache].kernel/hooks <ratio> freeing a cached buffer
+ *   P4 miss_64k.watch/nowatch <ratio>             watch cost in a miss
+ *   # raw ...                                     medians in ns per op
+ *
+ * See bench/README.md for what each figure measures. Nothing is asserted:
+ * the exit code is non-zero only if a child failed or a check inside a
+ * measurement (a hit that missed, a stale region) went wrong. */
+#include "bench_util.h"
+
+#include <map>
+#include <sched.h>
+
+using namespace kb;
+
+namespace {
+
+double g_target_ms = 60; /* wall time of one measurement */
+int    g_inner     = 3;  /* measurements per child, median printed */
+bool   g_failed    = false;
+
+void result(const std::string &key, double ns)
+{
+    printf("R %s %.2f\n", key.c_str(), ns);
+    fflush(stdout);
+}
+
+/* f(n) runs n operations and returns the ns they took (may time only a part
+ * of each). Calibrated on wall time to ~g_target_ms; median of g_inner. */
+template <class F> double per_op(F &&f)
+{
+    uint64_t n = 1;
+    for (;;) {
+        const uint64_t t0 = now_ns();
+        f(n);
+        const double wall = static_cast<double>(now_ns() - t0);
+        if (wall > 5e6 || n > (1ull << 30)) {
+            n = std::max<uint64_t>(1, static_cast<uint64_t>(n * g_target_ms * 1e6 / wall));
+            break;
+        }
+        n *= 4;
+    }
+    std::vector<double> v;
+    for (int i = 0; i < g_inner; ++i) {
+        v.push_back(static_cast<double>(f(n)) / static_cast<double>(n));
+    }
+    return median(v);
+}
+
+/* ---- P1: unregistered memory ------------------------------------------ */
+
+void p1()
+{
+    result("P1.malloc_free_300k", per_op([](uint64_t n) {
+        const uint64_t t0 = now_ns();
+        for (uint64_t i = 0; i < n; ++i) {
+            char *p = static_cast<char *>(malloc(300 * 1024));
+            p[0] = 1;
+            escape(p);
+            free(p);
+        }
+        return now_ns() - t0;
+    }));
+    for (size_t size : {page_size(), size_t(1) << 20}) {
+        const std::string key = size == page_size() ? "P1.mmap_munmap_4k" :
+                                                      "P1.mmap_munmap_1m";
+        result(key, per_op([size](uint64_t n) {
+            const uint64_t t0 = now_ns();
+            for (uint64_t i = 0; i < n; ++i) {
+                char *p = static_cast<char *>(mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                                                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+                if (p == MAP_FAILED) {
+                    die("mmap");
+                }
+                p[0] = 1;
+                munmap(p, size);
+            }
+            return now_ns() - t0;
+        }));
+    }
+}
+
+/* ---- P2: cache hits ---------------------------------------------------- */
+
+void p2(Cache *c)
+{
+    for (size_t size : {size_t(64) << 10, size_t(1) << 20}) {
+        const std::string key = size == (64u << 10) ? "P2.hit_64k" : "P2.hit_1m";
+        char *buf = static_cast<char *>(mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        if (buf == MAP_FAILED) {
+            die("mmap");
+        }
+        memset(buf, 1, size);
+        Region *r;
+        if (cache_get(c, buf, size, &r) != UCS_OK) {
+            fprintf(stderr, "bench: %s: first registration failed\n", key.c_str());
+            g_failed = true;
+            munmap(buf, size);
+            continue;
+        }
+        cache_put(c, r);
+        const uint64_t regs = c->regs.load();
+        result(key, per_op([c, buf, size](uint64_t n) {
+            const uint64_t t0 = now_ns();
+            for (uint64_t i = 0; i < n; ++i) {
+                Region *h;
+                if (cache_get(c, buf, size, &h) == UCS_OK) {
+                    cache_put(c, h);
+                }
+            }
+            return now_ns() - t0;
+        }));
+        if (c->regs.load() != regs) {
+            fprintf(stderr, "bench: %s: %lu of the hits were misses\n", key.c_str(),
+                    static_cast<unsigned long>(c->regs.load() - regs));
+            g_failed = true;
+        }
+        munmap(buf, size);
+    }
+}
+
+/* ---- P3: freeing a cached buffer --------------------------------------- */
+
+struct Probe {
+    std::atomic<uintptr_t> start{0}, end{0};
+    std::atomic<uint64_t>  seen{0};
+};
+Probe g_probe;
+
+/* Runs after the rcache's own handler (priority 1000 < 2000). */
+void probe_cb(ucm_event_type_t type, ucm_event_t *ev, void *arg)
+{
+    const uintptr_t s = reinterpret_cast<uintptr_t>(ev->vm_unmapped.address);
+    const uintptr_t e = s + ev->vm_unmapped.size;
+    if ((s < g_probe.end.load()) && (e > g_probe.start.load())) {
+        g_probe.seen.fetch_add(1);
+    }
+}
+
+bool wait_probe(uint64_t target)
+{
+    const uint64_t t0 = now_ns();
+    for (unsigned i = 0; g_probe.seen.load() < target; ++i) {
+        if (i > 2000) {
+            sched_yield();
+            if (now_ns() - t0 > 5000000000ull) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+void p3(Cache *c)
+{
+    const size_t size = 1u << 20;
+    if (ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED | UCM_EVENT_FLAG_NO_INSTALL, 2000,
+                              probe_cb, nullptr) != UCS_OK) {
+        fprintf(stderr, "bench: cannot add the UCM probe handler\n");
+        g_failed = true;
+        return;
+    }
+    uint64_t misses_missing = 0;
+    uint64_t lost           = 0;
+    std::vector<double> only, full;
+    auto run = [&](uint64_t n, uint64_t *acc_only, uint64_t *acc_full) {
+        for (uint64_t i = 0; i < n; ++i) {
+            char *p = static_cast<char *>(mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+            if (p == MAP_FAILED) {
+                die("mmap");
+            }
+            memset(p, static_cast<int>(i), size);
+            const uint64_t regs = c->regs.load();
+            Region *r;
+            if (cache_get(c, p, size, &r) != UCS_OK) {
+                die("P3 registration");
+            }
+            cache_put(c, r);
+            if (c->regs.load() == regs) {
+                ++misses_missing; /* a stale hit on the last buffer */
+            }
+            g_probe.start = reinterpret_cast<uintptr_t>(p);
+            g_probe.end   = reinterpret_cast<uintptr_t>(p) + size;
+            const uint64_t target = g_probe.seen.load() + 1;
+            const uint64_t t0     = now_ns();
+            munmap(p, size);
+            const uint64_t t1 = now_ns();
+            if (!wait_probe(target)) {
+                ++lost;
+            }
+            const uint64_t t2 = now_ns();
+            *acc_only += t1 - t0;
+            *acc_full += t2 - t0;
+        }
+    };
+    /* calibrate on the full loop, then g_inner measurements */
+    double last_only = 0;
+    const double full_ns = per_op([&](uint64_t n) {
+        uint64_t a = 0, b = 0;
+        run(n, &a, &b);
+        last_only = static_cast<double>(a) / static_cast<double>(n);
+        only.push_back(last_only);
+        return b;
+    });
+    /* `only` holds the calibration runs too; keep the last g_inner */
+    only.erase(only.begin(), only.end() - std::min<size_t>(only.size(), g_inner));
+    result("P3.munmap_1m", median(only));
+    result("P3.munmap_1m_to_rcache", full_ns);
+    ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, probe_cb, nullptr);
+    if (misses_missing || lost) {
+        fprintf(stderr, "bench: P3: %lu registrations hit a stale region, %lu "
+                "invalidations never reached the rcache (5 s)\n",
+                static_cast<unsigned long>(misses_missing),
+                static_cast<unsigned long>(lost));
+        g_failed = true;
+    }
+}
+
+/* ---- P4: the watch in a registration miss ------------------------------ */
+
+void noop_comp(void *) {}
+
+void p4()
+{
+    const size_t size = 64u << 10;
+    Pinner pin_w, pin_n;
+    if (!pin_w.open(16) || !pin_n.open(16)) {
+        fprintf(stderr, "bench: P4 needs io_uring fixed buffers\n");
+        g_failed = true;
+        return;
+    }
+    Cache cw, cn;
+    cw.pinner = &pin_w;
+    cn.pinner = &pin_n;
+    cn.watch  = false;
+    if (!cache_create(&cw, true, "kreg_bench_p4w") ||
+        !cache_create(&cn, true, "kreg_bench_p4n")) {
+        g_failed = true;
+        return;
+    }
+    char *buf = static_cast<char *>(mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (buf == MAP_FAILED) {
+        die("mmap");
+    }
+    memset(buf, 1, size);
+    auto loop = [buf, size](Cache *c, uint64_t n) {
+        const uint64_t regs = c->regs.load();
+        const uint64_t t0   = now_ns();
+        for (uint64_t i = 0; i < n; ++i) {
+            ucs_rcache_region_t *r;
+            if (ucs_rcache_get(c->rc, buf, size, PROT_READ | PROT_WRITE, nullptr,
+                               &r) != UCS_OK) {
+                die("P4 registration");
+            }
+            ucs_rcache_region_invalidate(c->rc, r, noop_comp, nullptr);
+            ucs_rcache_region_put(c->rc, r);
+        }
+        const uint64_t dt = now_ns() - t0;
+        if (c->regs.load() - regs != n) {
+            fprintf(stderr, "bench: P4: %lu misses for %lu gets\n",
+                    static_cast<unsigned long>(c->regs.load() - regs),
+                    static_cast<unsigned long>(n));
+            g_failed = true;
+        }
+        return dt;
+    };
+    /* alternate the two, g_inner times each */
+    std::vector<double> w, nw;
+    const int inner = g_inner;
+    g_inner         = 1;
+    for (int i = 0; i < inner; ++i) {
+        w.push_back(per_op([&](uint64_t n) { return loop(&cw, n); }));
+        nw.push_back(per_op([&](uint64_t n) { return loop(&cn, n); }));
+    }
+    g_inner = inner;
+    result("P4.miss_64k_watch", median(w));
+    result("P4.miss_64k_nowatch", median(nw));
+    if (cw.deregs.load() != cw.regs.load() || cn.deregs.load() != cn.regs.load()) {
+        fprintf(stderr, "bench: P4: registrations left over\n");
+        g_failed = true;
+    }
+    cache_destroy(&cw);
+    cache_destroy(&cn);
+    munmap(buf, size);
+    pin_w.close();
+    pin_n.close();
+}
+
+int child(const std::string &config)
+{
+    if (config == "no_ucx") {
+        p1();
+        return 0;
+    }
+    const bool kernel = config != "hooks";
+    if (kernel) {
+        if (kreg_start() != UCS_OK) {
+            fprintf(stderr, "bench: kreg_start failed\n");
+            kreg_stop();
+            return 3;
+        }
+        kreg_caps_t caps;
+        kreg_query(&caps);
+        if (!caps.running || !caps.external_event ||
+            config != kreg_mode_str(caps.mode)) {
+            fprintf(stderr, "bench: kernel source not as asked (%s, mode %s)\n",
+                    caps.running ? "running" : "not running", kreg_mode_str(caps.mode));
+            kreg_stop();
+            return 3;
+        }
+    }
+    Cache c;
+    if (!cache_create(&c, kernel, "kreg_bench")) {
+        if (kernel) {
+            kreg_stop();
+        }
+        return 3;
+    }
+    if (config == "hooks" || config == "verify") {
+        p1();
+    }
+    p2(&c);
+    if (config == "hooks" || config == "verify") {
+        p3(&c);
+    }
+    if (config == "verify") {
+        p4();
+    }
+    cache_destroy(&c);
+    if (kernel) {
+        if (c.refusals.load()) {
+            fprintf(stderr, "bench: %lu watches refused\n",
+                    static_cast<unsigned long>(c.refusals.load()));
+            g_failed = true;
+        }
+        kreg_stop();
+    }
+    return g_failed ? 4 : 0;
+}
+
+/* ---- parent -------------------------------------------------------------- */
+
+using Run = std::map<std::string, std::map<std::string, double>>; /* cfg -> key -> ns */
+
+std::string loadavg()
+{
+    char buf[64] = "?";
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (!fgets(buf, sizeof(buf), f)) {
+            strcpy(buf, "?");
+        }
+        fclose(f);
+    }
+    std::string s(buf);
+    if (!s.empty() && s.back() == '\n') {
+        s.pop_back();
+    }
+    return s;
+}
+
+struct Figure {
+    const char *num, *key, *cfg, *base, *label;
+};
+
+int parent(int reps)
+{
+    const std::vector<std::string> cfgs = {"no_ucx", "verify", "hooks", "plain", "sync"};
+    std::vector<Run> runs;
+    int rc = 0;
+    const uint64_t t0 = now_ns();
+    printf("# kreg_bench: %d runs, %.0f ms per measurement, median of %d per child; "
+           "loadavg %s\n", reps, g_target_ms, g_inner, loadavg().c_str());
+    for (int rep = 0; rep < reps; ++rep) {
+        Run run;
+        for (size_t i = 0; i < cfgs.size(); ++i) {
+            const std::string &cfg = cfgs[(i + rep) % cfgs.size()];
+            std::vector<std::string> args = {"--child", cfg, "--ms",
+                                             std::to_string(g_target_ms), "--inner",
+                                             std::to_string(g_inner)};
+            ChildResult res = run_self(args, cfg == "hooks"  ? env_hooks() :
+                                             cfg == "no_ucx" ? env_hooks() :
+                                                               env_kernel(cfg.c_str()));
+            size_t pos = 0;
+            while (pos < res.out.size()) {
+                size_t eol = res.out.find('\n', pos);
+                if (eol == std::string::npos) {
+                    eol = res.out.size();
+                }
+                std::string line = res.out.substr(pos, eol - pos);
+                pos = eol + 1;
+                char key[128];
+                double v;
+                if (sscanf(line.c_str(), "R %127s %lf", key, &v) == 2) {
+                    run[cfg][key] = v;
+                } else if (!line.empty()) {
+                    fprintf(stderr, "[%s] %s\n", cfg.c_str(), line.c_str());
+                }
+            }
+            if (res.status != 0) {
+                fprintf(stderr, "bench: child %s exited with %d\n", cfg.c_str(),
+                        res.status);
+                rc = 1;
+            }
+        }
+        runs.push_back(run);
+    }
+
+    const Figure figs[] = {
+        {"P1", "P1.malloc_free_300k", "verify", "no_ucx", "malloc_free_300k.kernel/no_ucx"},
+        {"P1", "P1.malloc_free_300k", "hooks", "no_ucx", "malloc_free_300k.hooks/no_ucx"},
+        {"P1", "P1.mmap_munmap_4k", "verify", "no_ucx", "mmap_munmap_4k.kernel/no_ucx"},
+        {"P1", "P1.mmap_munmap_4k", "hooks", "no_ucx", "mmap_munmap_4k.hooks/no_ucx"},
+        {"P1", "P1.mmap_munmap_1m", "verify", "no_ucx", "mmap_munmap_1m.kernel/no_ucx"},
+        {"P1", "P1.mmap_munmap_1m", "hooks", "no_ucx", "mmap_munmap_1m.hooks/no_ucx"},
+        {"P2", "P2.hit_64k", "plain", "hooks", "hit_64k.plain/hooks"},
+        {"P2", "P2.hit_64k", "sync", "hooks", "hit_64k.sync/hooks"},
+        {"P2", "P2.hit_64k", "verify", "hooks", "hit_64k.verify/hooks"},
+        {"P2", "P2.hit_1m", "plain", "hooks", "hit_1m.plain/hooks"},
+        {"P2", "P2.hit_1m", "sync", "hooks", "hit_1m.sync/hooks"},
+        {"P2", "P2.hit_1m", "verify", "hooks", "hit_1m.verify/hooks"},
+        {"P3", "P3.munmap_1m", "verify", "hooks", "munmap_1m.kernel/hooks"},
+        {"P3", "P3.munmap_1m_to_rcache", "verify", "hooks", "munmap_1m_to_rcache.kernel/hooks"},
+        {"P4", "P4.miss_64k_watch", "verify", "verify", "miss_64k.watch/nowatch"},
+    };
+    auto value = [](const Run &r, const std::string &cfg, const std::string &key,
+                    double *v) {
+        auto c = r.find(cfg);
+        if (c == r.end()) {
+            return false;
+        }
+        auto k = c->second.find(key);
+        if (k == c->second.end()) {
+            return false;
+        }
+        *v = k->second;
+        return true;
+    };
+    for (const Figure &f : figs) {
+        const std::string base_key = std::string(f.key) == "P4.miss_64k_watch" ?
+                                             "P4.miss_64k_nowatch" :
+                                             f.key;
+        std::vector<double> ratios, a, b;
+        for (const Run &r : runs) {
+            double x, y;
+            if (value(r, f.cfg, f.key, &x) && value(r, f.base, base_key, &y) && y > 0) {
+                ratios.push_back(x / y);
+                a.push_back(x);
+                b.push_back(y);
+            }
+        }
+        if (ratios.empty()) {
+            printf("%s %s n/a\n", f.num, f.label);
+            rc = 1;
+            continue;
+        }
+        const auto mm = std::minmax_element(ratios.begin(), ratios.end());
+        printf("%s %s %.2f\n", f.num, f.label, median(ratios));
+        printf("# raw %s: %.1f ns vs %.1f ns (medians); ratio over %zu runs %.2f..%.2f\n",
+               f.label, median(a), median(b), ratios.size(), *mm.first, *mm.second);
+    }
+    /* absolute ns per hit */
+    for (const char *key : {"P2.hit_64k", "P2.hit_1m"}) {
+        printf("# raw %s ns per hit:", key + 3);
+        for (const char *cfg : {"hooks", "plain", "sync", "verify"}) {
+            std::vector<double> v;
+            for (const Run &r : runs) {
+                double x;
+                if (value(r, cfg, key, &x)) {
+                    v.push_back(x);
+                }
+            }
+            printf(" %s=%.1f", cfg, median(v));
+        }
+        printf("\n");
+    }
+    printf("# %.1f s, loadavg %s\n", (now_ns() - t0) / 1e9, loadavg().c_str());
+    return rc;
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    std::string cfg;
+    int reps = 7;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--child" && i + 1 < argc) {
+            cfg = argv[++i];
+        } else if (a == "--reps" && i + 1 < argc) {
+            reps = std::max(1, atoi(argv[++i]));
+        } else if (a == "--ms" && i + 1 < argc) {
+            g_target_ms = std::max(1.0, atof(argv[++i]));
+        } else if (a == "--inner" && i + 1 < argc) {
+            g_inner = std::max(1, atoi(argv[++i]));
+        } else if (a == "--quick") {
+            reps        = 2;
+            g_target_ms = 5;
+            g_inner     = 1;
+        } else {
+            fprintf(stderr,
+                    "usage: %s [--reps N] [--ms MS] [--inner K] [--quick]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (!cfg.empty()) {
+        return child(cfg);
+    }
+    return parent(reps);
+}
