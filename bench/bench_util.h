@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <liburing.h>
+#include <mutex>
 #include <string>
 #include <sys/mman.h>
 #include <sys/uio.h>
@@ -185,6 +186,7 @@ public:
     /* Returns the slot, or -errno. */
     int pin(void *addr, size_t len)
     {
+        std::lock_guard<std::mutex> guard(lock_);
         if (free_.empty()) {
             return -ENOSPC;
         }
@@ -201,6 +203,7 @@ public:
 
     void unpin(int slot)
     {
+        std::lock_guard<std::mutex> guard(lock_);
         struct iovec iov = {nullptr, 0};
         __u64 tag = 0;
         int rc = io_uring_register_buffers_update_tag(&ring_, slot, &iov, &tag, 1);
@@ -214,6 +217,7 @@ private:
     struct io_uring  ring_ {};
     bool             open_ = false;
     std::vector<int> free_;
+    std::mutex       lock_; /* dereg may run in another thread's rcache call */
 };
 
 /* PFN of the page at addr (root only), 0 if not present or unknown. */
@@ -250,7 +254,7 @@ struct Cache {
     Pinner       *pinner  = nullptr;
     int           pagemap = -1;
     std::atomic<uint64_t> regs{0}, deregs{0}, refusals{0};
-    uint64_t      next_gen = 0;
+    std::atomic<uint64_t> next_gen{0};
 };
 
 inline ucs_status_t cache_mem_reg(void *context, ucs_rcache_t *rcache, void *arg,
