@@ -1,0 +1,200 @@
+/*
+ * The scenario matrix as a test: run tools/kreg_scenarios (one child per
+ * case) and check what must hold; plus unit tests of the io_uring rcache.
+ */
+#include "../../tools/uring_rcache.h"
+#include "ucm_kernel/ucm_kernel.h"
+
+#include <ucm/api/ucm.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <string>
+#include <sys/mman.h>
+#include <sys/wait.h>
+
+#ifndef KREG_SCENARIOS_BIN
+#error "KREG_SCENARIOS_BIN must name the kreg_scenarios program"
+#endif
+
+namespace {
+
+struct matrix {
+    int exit_code = -1;
+    std::string output;
+    /* "scenario thread source" -> verdict */
+    std::map<std::string, std::string> verdict;
+};
+
+const matrix &run_matrix()
+{
+    static matrix m;
+    static bool done = false;
+    if (done) {
+        return m;
+    }
+    done = true;
+    FILE *f = popen(KREG_SCENARIOS_BIN " --source all --timeout 30", "r");
+    if (f == nullptr) {
+        return m;
+    }
+    char line[1024];
+    while (fgets(line, sizeof(line), f) != nullptr) {
+        m.output += line;
+        std::istringstream in(line);
+        std::string scen, thread, src, v;
+        if ((line[0] == '#') || (line[0] == ' ') ||
+            !(in >> scen >> thread >> src >> v)) {
+            continue;
+        }
+        m.verdict[scen + " " + thread + " " + src] = v;
+    }
+    int st     = pclose(f);
+    m.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return m;
+}
+
+std::string kind(const std::string &verdict)
+{
+    return verdict.substr(0, verdict.find(':'));
+}
+
+TEST(scenarios, matrix_ran)
+{
+    const matrix &m = run_matrix();
+    ASSERT_FALSE(m.verdict.empty()) << m.output;
+    printf("%s", m.output.c_str()); /* the hooks column, for information */
+    EXPECT_EQ(0, m.exit_code) << m.output;
+}
+
+TEST(scenarios, kernel_never_stale)
+{
+    const matrix &m = run_matrix();
+    int kernel_cases = 0, kernel_ok = 0;
+    for (const auto &[key, v] : m.verdict) {
+        if (key.size() < 7 || key.compare(key.size() - 7, 7, " kernel") != 0) {
+            continue;
+        }
+        ++kernel_cases;
+        kernel_ok += (v == "ok");
+        EXPECT_TRUE(v == "ok" || kind(v) == "skip") << key << " " << v;
+    }
+    EXPECT_GT(kernel_cases, 0);
+    /* skips are for what the machine can't do, not for the common cases */
+    EXPECT_GE(kernel_ok, 20) << m.output;
+}
+
+TEST(scenarios, none_control_goes_stale)
+{
+    /* Nothing watches under 'none': if these come out ok, the oracle is
+     * blind and every "ok" above means nothing. */
+    const matrix &m = run_matrix();
+    for (const char *scen : {"munmap", "mmap_fixed", "mremap_move",
+                             "mremap_shrink", "madv_dontneed", "raw_munmap",
+                             "brk", "shmdt"}) {
+        for (const char *thread : {"same", "other"}) {
+            std::string key = std::string(scen) + " " + thread + " none";
+            auto it         = m.verdict.find(key);
+            ASSERT_NE(m.verdict.end(), it) << key;
+            EXPECT_EQ("STALE", it->second) << key;
+        }
+    }
+}
+
+TEST(scenarios, hooks_ran_and_miss_raw_munmap)
+{
+    const matrix &m = run_matrix();
+    int hooks_cases = 0;
+    for (const auto &[key, v] : m.verdict) {
+        if (key.size() > 6 && key.compare(key.size() - 6, 6, " hooks") == 0) {
+            ++hooks_cases;
+            EXPECT_NE("FAIL:timeout", v) << key;
+        }
+    }
+    EXPECT_GT(hooks_cases, 0);
+    /* The documented gap: UCM never sees a raw syscall. */
+    for (const char *thread : {"same", "other"}) {
+        std::string key = std::string("raw_munmap ") + thread + " hooks";
+        EXPECT_EQ("STALE", m.verdict.at(key)) << key;
+    }
+}
+
+/* ---- the rcache itself, in this process, on the kernel source ---- */
+
+using kreg_tools::source;
+using kreg_tools::uring_rcache;
+
+constexpr size_t len = 64 * 1024;
+
+void *map_filled(unsigned char byte, void *hint = nullptr)
+{
+    void *p = mmap(hint, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(MAP_FAILED, p);
+    memset(p, byte, len);
+    return p;
+}
+
+bool all_are(const std::vector<unsigned char> &v, unsigned char byte)
+{
+    for (auto b : v) {
+        if (b != byte) {
+            return false;
+        }
+    }
+    return !v.empty();
+}
+
+TEST(uring_rcache, hit_after_first_transfer)
+{
+    uring_rcache rc(source::kernel);
+    void *p = map_filled(0x5a);
+    EXPECT_TRUE(all_are(rc.transfer(p, len), 0x5a));
+    auto regs = rc.counters().registrations;
+    auto hits = rc.counters().hits;
+    EXPECT_TRUE(all_are(rc.transfer(p, len), 0x5a));
+    EXPECT_EQ(regs, rc.counters().registrations);
+    EXPECT_EQ(hits + 1, rc.counters().hits);
+    munmap(p, len);
+}
+
+TEST(uring_rcache, new_registration_after_remap)
+{
+    uring_rcache rc(source::kernel);
+    void *p = map_filled(0x11);
+    ASSERT_TRUE(all_are(rc.transfer(p, len), 0x11));
+    auto regs = rc.counters().registrations;
+    munmap(p, len);
+    void *q = map_filled(0x22, p);
+    if (q != p) {
+        munmap(q, len);
+        GTEST_SKIP() << "mmap did not reuse the address";
+    }
+    EXPECT_TRUE(all_are(rc.transfer(p, len), 0x22));
+    if (rc.counters().uncached == 0) {
+        EXPECT_EQ(regs + 1, rc.counters().registrations);
+    }
+    munmap(p, len);
+}
+
+TEST(uring_rcache, new_registration_after_explicit_invalidation)
+{
+    /* 'none' watches nothing, so only this ucm_vm_munmap() invalidates. */
+    uring_rcache rc(source::none);
+    void *p = map_filled(0x33);
+    ASSERT_TRUE(all_are(rc.transfer(p, len), 0x33));
+    ASSERT_TRUE(all_are(rc.transfer(p, len), 0x33));
+    auto regs = rc.counters().registrations;
+    EXPECT_EQ(1u, rc.counters().hits);
+    ucm_vm_munmap(p, len);
+    EXPECT_TRUE(all_are(rc.transfer(p, len), 0x33));
+    EXPECT_EQ(regs + 1, rc.counters().registrations);
+    EXPECT_EQ(1u, rc.counters().deregistrations);
+    munmap(p, len);
+}
+
+} // namespace
