@@ -250,6 +250,11 @@ ucs_status_t kreg_start(void)
         goto fail;
     }
     opts_valid = true;
+    if (!opts.enable) {
+        reason = KREG_REASON_DISABLED;
+        error  = "UCX_KREG_ENABLE=n";
+        goto fail;
+    }
     if (!ucx_version_matches(&error)) {
         reason = KREG_REASON_OTHER;
         goto fail;
@@ -281,7 +286,8 @@ ucs_status_t kreg_start(void)
 
 fail:
     ucs_warn("kreg: kernel memory events unavailable: %s (%s); registrations "
-             "will not be cached", error.c_str(), kreg_reason_str(reason.load()));
+             "are not watched by the kernel", error.c_str(),
+             kreg_reason_str(reason.load()));
     return status;
 }
 
@@ -410,6 +416,14 @@ int kreg_prepare_lookup(void *addr, size_t len)
     if (uffd.is_watched(start, end - start)) {
         return 1;
     }
+    {
+        /* never watched (a first registration, an uncached buffer): no
+         * rcache holds it, nothing to invalidate */
+        std::lock_guard<std::mutex> guard(map_lock);
+        if (!watches.overlaps(start, end)) {
+            return 0;
+        }
+    }
     counters.verify_invalidations.fetch_add(1, std::memory_order_relaxed);
     dispatch(start, end);
     return 0;
@@ -430,6 +444,7 @@ void kreg_query(kreg_caps_t *caps)
         caps->wp_async       = uffd.wp_async();
         caps->event_remap    = uffd.event_remap();
         caps->features       = uffd.features();
+        caps->verify_by_scan = uffd.scans();
     }
 }
 
@@ -468,6 +483,7 @@ const char *kreg_reason_str(kreg_reason_t r)
     case KREG_REASON_VALGRIND:    return "running under valgrind";
     case KREG_REASON_FORKED:      return "forked child, not restarted";
     case KREG_REASON_BAD_CONFIG:  return "bad UCX_KREG_* setting";
+    case KREG_REASON_DISABLED:    return "disabled by UCX_KREG_ENABLE=n";
     case KREG_REASON_OTHER:       return "other error";
     default:                      return "unknown";
     }

@@ -14,6 +14,11 @@ static const char *kreg_mode_names[] = {
 };
 
 static ucs_config_field_t kreg_options_table[] = {
+    {"ENABLE", "y",
+     "Watch registered memory through the kernel. With 'n' the source never\n"
+     "starts and components register uncached (for testing fallbacks).",
+     offsetof(kreg_options_t, enable), UCS_CONFIG_TYPE_BOOL},
+
     {"MODE", "verify",
      "How a registration cache lookup makes sure the cached registration is\n"
      "still the memory mapped at that address:\n"

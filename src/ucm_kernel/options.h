@@ -9,6 +9,7 @@ extern "C" {
 #endif
 
 typedef struct {
+    int      enable;     /* 0: never start, every registration uncached */
     int      mode;       /* kreg_mode_t */
     int      device;     /* fall back to /dev/userfaultfd */
     int      wp_async;   /* use UFFD_FEATURE_WP_ASYNC where the kernel has it */

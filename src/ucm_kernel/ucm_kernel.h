@@ -52,6 +52,7 @@ typedef enum {
     KREG_REASON_VALGRIND,     /* running under valgrind: never blocks munmap */
     KREG_REASON_FORKED,       /* child of a fork before it re-opened      */
     KREG_REASON_BAD_CONFIG,   /* a UCX_KREG_* variable has a bad value    */
+    KREG_REASON_DISABLED,     /* UCX_KREG_ENABLE=n                        */
     KREG_REASON_OTHER,
     KREG_REASON_LAST
 } kreg_reason_t;
@@ -74,6 +75,8 @@ typedef struct {
     int         external_event;  /* UCM_EVENT_VM_UNMAPPED declared external */
     kreg_reason_t reason;        /* why not running, when !running         */
     uint64_t    features;        /* UFFD_FEATURE_* granted by the kernel  */
+    int         verify_by_scan;  /* verify asks PAGEMAP_SCAN, per mapping
+                                    (else UFFDIO_WRITEPROTECT, per page) */
 } kreg_caps_t;
 
 typedef struct {

@@ -12,6 +12,22 @@
 #ifndef UFFD_FEATURE_WP_ASYNC
 #define UFFD_FEATURE_WP_ASYNC (1ULL << 15)
 #endif
+#ifndef UFFD_FEATURE_WP_UNPOPULATED
+#define UFFD_FEATURE_WP_UNPOPULATED (1ULL << 13)
+#endif
+#ifndef PAGEMAP_SCAN
+/* linux/fs.h of 6.7+ */
+struct pm_scan_arg {
+    uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+    uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+struct page_region {
+    uint64_t start, end, categories;
+};
+#define PAGEMAP_SCAN          _IOWR('f', 16, struct pm_scan_arg)
+#define PAGE_IS_WPALLOWED     (1 << 0)
+#define PM_SCAN_CHECK_WPASYNC (1 << 1)
+#endif
 #ifndef UFFD_USER_MODE_ONLY
 #define UFFD_USER_MODE_ONLY 1
 #endif
@@ -123,8 +139,11 @@ bool Uffd::open(const UffdOptions &opts)
     if (opts.want_remap) {
         want |= UFFD_FEATURE_EVENT_REMAP & avail;
     }
-    if (opts.try_wp_async) {
-        want |= UFFD_FEATURE_WP_ASYNC & avail;
+    if (opts.try_wp_async && (avail & UFFD_FEATURE_WP_ASYNC)) {
+        /* WP_UNPOPULATED changes only how pages get write-protected, which
+         * never happens here; with it PAGEMAP_SCAN tells watched anonymous
+         * mappings apart (PAGE_IS_WPALLOWED) */
+        want |= UFFD_FEATURE_WP_ASYNC | (UFFD_FEATURE_WP_UNPOPULATED & avail);
     }
 
     int fd = open_fd(flags, &dev);
@@ -144,6 +163,9 @@ bool Uffd::open(const UffdOptions &opts)
     }
     fd_             = fd;
     features_       = want;
+    if ((want & UFFD_FEATURE_WP_ASYNC) && (want & UFFD_FEATURE_WP_UNPOPULATED)) {
+        pagemap_fd_ = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    }
     via_device_     = dev;
     user_mode_only_ = (flags & UFFD_USER_MODE_ONLY) != 0;
     return true;
@@ -151,16 +173,19 @@ bool Uffd::open(const UffdOptions &opts)
 
 void Uffd::close()
 {
-    if (fd_ >= 0) {
-        ::close(fd_);
-        fd_ = -1;
-    }
+    ::close(release_fd());
 }
 
 int Uffd::release_fd()
 {
-    int fd = fd_;
-    fd_    = -1;
+    /* the pagemap descriptor speaks for the process that opened it */
+    if (pagemap_fd_ >= 0) {
+        ::close(pagemap_fd_);
+        pagemap_fd_ = -1;
+    }
+    scan_works_ = true;
+    int fd      = fd_;
+    fd_         = -1;
     return fd;
 }
 
@@ -203,8 +228,38 @@ bool Uffd::wp_check(uintptr_t start, size_t len) const
     return ioctl(fd_, UFFDIO_WRITEPROTECT, &wp) == 0;
 }
 
+int Uffd::scan_check(uintptr_t start, size_t len) const
+{
+    /* Asks for pages that are NOT in a mapping watched with WP_ASYNC:
+     * watched mappings are skipped whole, without a page walk, and any
+     * other mapping fails the scan with EPERM (PM_SCAN_CHECK_WPASYNC). */
+    struct page_region region;
+    struct pm_scan_arg arg = {};
+    arg.size              = sizeof(arg);
+    arg.flags             = PM_SCAN_CHECK_WPASYNC;
+    arg.start             = start;
+    arg.end               = start + len;
+    arg.vec               = reinterpret_cast<uintptr_t>(&region);
+    arg.vec_len           = 1;
+    arg.category_inverted = PAGE_IS_WPALLOWED;
+    arg.category_mask     = PAGE_IS_WPALLOWED;
+    arg.return_mask       = PAGE_IS_WPALLOWED;
+    long rc = ioctl(pagemap_fd_, PAGEMAP_SCAN, &arg);
+    if (rc == 0) {
+        return 1;
+    }
+    return ((rc > 0) || (errno == EPERM)) ? 0 : -1;
+}
+
 bool Uffd::is_watched(uintptr_t start, size_t len) const
 {
+    if ((pagemap_fd_ >= 0) && scan_works_) {
+        int watched = scan_check(start, len);
+        if (watched >= 0) {
+            return watched;
+        }
+        scan_works_ = false; /* not this kernel: the write-protect check */
+    }
     if (wp_check(start, len)) {
         return true;
     }

@@ -6,6 +6,7 @@
 #include "ucm_kernel.h"
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -38,7 +39,9 @@ public:
     int unwatch(uintptr_t start, size_t len) const;
     /* true if every page of the range lies in a mapping this descriptor
      * watches (so it is the mapping that was registered: a new mapping at
-     * the same address is never watched). Exact; costs a syscall. */
+     * the same address is never watched). Exact; one syscall: PAGEMAP_SCAN
+     * per mapping where the kernel has it (6.7+ with WP_ASYNC), else
+     * UFFDIO_WRITEPROTECT, which walks the range's pages. */
     bool is_watched(uintptr_t start, size_t len) const;
 
     int fd() const { return fd_; }
@@ -47,6 +50,7 @@ public:
     bool user_mode_only() const { return user_mode_only_; }
     bool wp_async() const;
     bool event_remap() const;
+    bool scans() const { return pagemap_fd_ >= 0 && scan_works_; }
     kreg_reason_t reason() const { return reason_; }
     const std::string &error() const { return error_; }
 
@@ -55,12 +59,16 @@ public:
 private:
     int open_fd(int flags, bool *via_device);
     bool wp_check(uintptr_t start, size_t len) const;
+    /* 1 watched, 0 not, -1 the kernel has no PAGEMAP_SCAN */
+    int scan_check(uintptr_t start, size_t len) const;
 
     int         fd_ = -1;
     uint64_t    features_ = 0;
     bool        via_device_ = false;
     bool        user_mode_only_ = false;
     bool        try_device_ = true;
+    int         pagemap_fd_ = -1;
+    mutable std::atomic<bool> scan_works_{true};
     kreg_reason_t reason_ = KREG_REASON_NONE;
     std::string error_;
 };

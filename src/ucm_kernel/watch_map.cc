@@ -1,5 +1,7 @@
 #include "watch_map.h"
 
+#include <iterator>
+
 namespace kreg {
 
 void WatchMap::split_at(uintptr_t addr)
@@ -75,6 +77,15 @@ Ranges WatchMap::ranges() const
         }
     }
     return out;
+}
+
+bool WatchMap::overlaps(uintptr_t start, uintptr_t end) const
+{
+    auto it = segs_.upper_bound(start);
+    if (it != segs_.begin() && std::prev(it)->second.end > start) {
+        return true;
+    }
+    return (it != segs_.end()) && (it->first < end);
 }
 
 size_t WatchMap::bytes() const

@@ -66,13 +66,23 @@ void EventLog::clear()
 
 Source::Source(const char *mode)
 {
+    /* "verify-wp": verify through UFFDIO_WRITEPROTECT, as on kernels
+     * without WP_ASYNC */
+    const bool wp = (mode != nullptr) && (strcmp(mode, "verify-wp") == 0);
     if (mode != nullptr) {
-        setenv("UCX_KREG_MODE", mode, 1);
+        setenv("UCX_KREG_MODE", wp ? "verify" : mode, 1);
+    }
+    if (wp) {
+        setenv("UCX_KREG_WP_ASYNC", "n", 1);
     }
     status_ = kreg_start();
-    if (mode != nullptr) {
-        unsetenv("UCX_KREG_MODE");
-    }
+    unsetenv("UCX_KREG_MODE");
+    unsetenv("UCX_KREG_WP_ASYNC");
+}
+
+bool is_verify(const char *mode)
+{
+    return strncmp(mode, "verify", 6) == 0;
 }
 
 Source::~Source()

@@ -38,7 +38,8 @@ private:
     std::vector<std::pair<uintptr_t, uintptr_t>> ranges_;
 };
 
-/* kreg_start() for the test's lifetime, in the mode given (or the env's). */
+/* kreg_start() for the test's lifetime, in the mode given (or the env's);
+ * "verify-wp" is verify mode with WP_ASYNC off. */
 class Source {
 public:
     explicit Source(const char *mode = nullptr);
@@ -48,6 +49,9 @@ public:
 private:
     ucs_status_t status_;
 };
+
+/* verify or verify-wp */
+bool is_verify(const char *mode);
 
 /* A fresh anonymous mapping of `len` bytes (optionally at `hint`). */
 void *map_anon(size_t len, void *hint = nullptr, int extra_flags = 0);

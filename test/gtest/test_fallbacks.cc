@@ -1,5 +1,6 @@
 /* Hazard 4: where the kernel won't watch, a clear log line and an uncached
  * registration, never a cached one. Each case runs in a child process. */
+#include "kreg_config.h"
 #include "kreg_test.h"
 
 #include <fcntl.h>
@@ -196,6 +197,37 @@ TEST_F(Fallbacks, BadOptionValueIsRefusedClearly)
     EXPECT_NE(std::string::npos, r.output.find("KREG_MODE")) << r.output;
 }
 
+TEST_F(Fallbacks, DisabledByOption)
+{
+    auto r = run_child([] {
+        kreg_stop();
+        setenv("UCX_KREG_ENABLE", "n", 1);
+        ucs_status_t st = kreg_start();
+        kreg_caps_t caps;
+        kreg_query(&caps);
+        void *p = map_anon(4096);
+        kreg_reason_t why;
+        int w = kreg_watch(p, 4096, &why);
+        kreg_stop();
+        return (st != UCS_OK && !caps.running && !caps.external_event &&
+                caps.reason == KREG_REASON_DISABLED && w == 0 &&
+                why == KREG_REASON_DISABLED) ? 0 : 40;
+    });
+    EXPECT_EQ(0, r.status) << r.output;
+    EXPECT_NE(std::string::npos, r.output.find("UCX_KREG_ENABLE=n")) << r.output;
+}
+
+TEST_F(Fallbacks, VerifyAsksPagemapScanWhereTheKernelHasIt)
+{
+    kreg_caps_t caps;
+    kreg_query(&caps);
+    if (!caps.wp_async) {
+        GTEST_SKIP() << "no WP_ASYNC in this kernel: verify uses UFFDIO_WRITEPROTECT, "
+                        "covered by the verify_wp instances";
+    }
+    EXPECT_TRUE(caps.verify_by_scan);
+}
+
 TEST_F(Fallbacks, UnderValgrindFallsBack)
 {
     if (getenv("KREG_TEST_IN_VALGRIND") != nullptr) {
@@ -210,6 +242,10 @@ TEST_F(Fallbacks, UnderValgrindFallsBack)
         EXPECT_EQ(0, munmap(p, 4096));
         return;
     }
+#ifdef KREG_SANITIZER
+    GTEST_SKIP() << "built with the " KREG_SANITIZER " sanitizer, which valgrind "
+                    "cannot run; the plain build runs this test";
+#endif
     if (system("valgrind --version >/dev/null 2>&1") != 0) {
         GTEST_SKIP() << "valgrind not installed";
     }

@@ -99,8 +99,11 @@ TEST_P(Rcache, FreeThenMallocSameAddress)
     free(q);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, Rcache, testing::Values("plain", "sync", "verify"),
-                         [](const auto &info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Modes, Rcache, testing::Values("plain", "sync", "verify", "verify-wp"),
+                         [](const auto &info) {
+                             std::string n(info.param);
+                             return n == "verify-wp" ? std::string("verify_wp") : n;
+                         });
 
 /* Hazard 1 under stress: thread A unmaps with a raw syscall, thread B maps
  * the same address at once and looks it up. Slots change hands between
@@ -207,6 +210,21 @@ TEST(Stress, TwoThreadsMmapMunmapVerifyLosesNothing)
            static_cast<unsigned long>(r.stale));
     EXPECT_GT(r.rounds, stress_rounds() / 4);
     EXPECT_GT(r.cached, 0u);
+    EXPECT_EQ(0u, r.stale);
+}
+
+TEST(Stress, TwoThreadsMmapMunmapVerifyByWriteProtectLosesNothing)
+{
+    Source src("verify-wp");
+    ASSERT_EQ(UCS_OK, src.status());
+    kreg_caps_t caps;
+    kreg_query(&caps);
+    EXPECT_FALSE(caps.verify_by_scan);
+    auto r = stress(stress_rounds() / 2, false);
+    printf("rounds %lu, cached lookups %lu, stale %lu\n",
+           static_cast<unsigned long>(r.rounds), static_cast<unsigned long>(r.cached),
+           static_cast<unsigned long>(r.stale));
+    EXPECT_GT(r.rounds, stress_rounds() / 8);
     EXPECT_EQ(0u, r.stale);
 }
 

@@ -69,3 +69,15 @@ TEST(WatchMap, GapsAreFilled)
               m.remove(0x0000, 0x5000));
     EXPECT_EQ(Ranges({{0x1000, 0x2000}, {0x3000, 0x4000}}), m.ranges());
 }
+
+TEST(WatchMap, Overlaps)
+{
+    WatchMap m;
+    EXPECT_FALSE(m.overlaps(0x1000, 0x2000));
+    m.add(0x2000, 0x4000);
+    EXPECT_FALSE(m.overlaps(0x1000, 0x2000));
+    EXPECT_TRUE(m.overlaps(0x1000, 0x2001));
+    EXPECT_TRUE(m.overlaps(0x3000, 0x3001));
+    EXPECT_TRUE(m.overlaps(0x3fff, 0x9000));
+    EXPECT_FALSE(m.overlaps(0x4000, 0x9000));
+}
