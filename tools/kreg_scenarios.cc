@@ -317,6 +317,26 @@ std::string s_shmdt(ctx &c)
     });
 }
 
+/* shmat(SHM_REMAP) over a cached anonymous mapping. Like shmdt, the kernel
+ * unmaps here without telling userfaultfd (ipc/shm.c passes no unmap list),
+ * so only an exact check at lookup time can catch it. */
+std::string s_shmat_remap(ctx &c)
+{
+    void *p = map_anon(N);
+    return cached_change(c, p, N, [&] {
+        int id = shmget(IPC_PRIVATE, N, IPC_CREAT | 0600);
+        if (id < 0) {
+            throw std::runtime_error(errstr("shmget"));
+        }
+        void *q = shmat(id, p, SHM_REMAP);
+        shmctl(id, IPC_RMID, nullptr);
+        if (q != p) {
+            return skip("shmat(SHM_REMAP) failed");
+        }
+        return fresh(p, N);
+    });
+}
+
 std::string s_raw_munmap(ctx &c)
 {
     void *p = map_anon(N);
@@ -372,6 +392,11 @@ std::string free_malloc(ctx &c, size_t len, bool page_aligned)
         return "FAIL:malloc";
     }
     return cached_change(c, p, len, [&] {
+        /* A thread's first large malloc/free sets up allocator state
+         * (jemalloc: a 32 KiB mmap) that would take the hole the free
+         * leaves: do one first. */
+        free(malloc(64));
+        free(alloc());
         free(p);
         void *q = alloc();
         if (q != p) {
@@ -525,6 +550,8 @@ const scenario scenarios[] = {
      "madvise(MADV_REMOVE) on MAP_SHARED|MAP_ANONYMOUS"},
     {"brk", s_brk, nullptr, "sbrk down then up"},
     {"shmdt", s_shmdt, nullptr, "shmdt, then shmat at the same address"},
+    {"shmat_remap", s_shmat_remap, nullptr,
+     "shmat(SHM_REMAP) over an anonymous mapping"},
     {"raw_munmap", s_raw_munmap, nullptr,
      "syscall(SYS_munmap), then mmap with a hint"},
     {"raw_madvise", s_raw_madvise, nullptr, "syscall(SYS_madvise, DONTNEED)"},
