@@ -116,6 +116,8 @@ static const ucs_rcache_ops_t rcache_ops = {
     uring_rcache_ops::dump_region,
 };
 
+static bool kreg_running();
+
 uring_rcache::uring_rcache(source src, unsigned slots) : m_src(src)
 {
     int ret = io_uring_queue_init(8, &m_ring, 0);
@@ -168,11 +170,25 @@ uring_rcache::uring_rcache(source src, unsigned slots) : m_src(src)
     params.max_unreleased     = (size_t)-1;
     ucs_status_t st = ucs_rcache_create(&params, "kreg_uring", nullptr,
                                         &m_rcache);
+    if ((st != UCS_OK) && (src == source::kernel) && !kreg_running()) {
+        /* kreg_start() failed, so nothing declared the event external and
+         * (hooks off) UCM can't deliver it: run without a cache, as UCX's
+         * md does when it can't create its rcache. Slow, never stale. */
+        m_rcache = nullptr;
+        return;
+    }
     if (st != UCS_OK) {
         m_rcache = nullptr;
         throw std::runtime_error(std::string("ucs_rcache_create: ") +
                                  ucs_status_string(st));
     }
+}
+
+static bool kreg_running()
+{
+    kreg_caps_t caps;
+    kreg_query(&caps);
+    return caps.running;
 }
 
 uring_rcache::~uring_rcache()
@@ -287,7 +303,8 @@ std::vector<unsigned char> uring_rcache::transfer(const void *addr, size_t len)
 
     uint64_t regs_before = m_counters.registrations;
     ucs_rcache_region_t *rregion;
-    ucs_status_t st = ucs_rcache_get(m_rcache, vaddr, len,
+    ucs_status_t st = (m_rcache == nullptr) ? UCS_ERR_UNSUPPORTED :
+                      ucs_rcache_get(m_rcache, vaddr, len,
                                      PROT_READ | PROT_WRITE, nullptr, &rregion);
     if (st == UCS_OK) {
         auto *r = reinterpret_cast<region*>(rregion);

@@ -40,7 +40,9 @@ struct uring_rcache_counters {
 
 class uring_rcache {
 public:
-    /* Throws std::runtime_error on failure (message says what failed). */
+    /* Throws std::runtime_error on failure (message says what failed).
+     * kernel: if libucm_kernel can't start, runs with no cache at all
+     * (every transfer uncached), as UCX's md does without an rcache. */
     explicit uring_rcache(source src, unsigned slots = 256);
     ~uring_rcache();
     uring_rcache(const uring_rcache &) = delete;
@@ -52,6 +54,7 @@ public:
 
     const uring_rcache_counters &counters() const { return m_counters; }
     source src() const { return m_src; }
+    bool cached() const { return m_rcache != nullptr; }
     /* Last kreg_watch() refusal reason (kreg_reason_t), 0 if none. */
     int last_refusal() const { return m_last_refusal; }
     /* errno of the last failed fixed-buffer registration, 0 if none. */

@@ -219,3 +219,28 @@ TEST(uring_rcache, new_registration_after_explicit_invalidation)
 }
 
 } // namespace
+
+namespace {
+
+TEST(uring_rcache, kernel_source_unavailable_runs_uncached)
+{
+    /* If libucm_kernel can't start, nothing may be cached, and every
+     * transfer still sees the current data. */
+    setenv("UCX_KREG_ENABLE", "n", 1);
+    {
+        uring_rcache rc(source::kernel);
+        void *p = map_filled(0x44);
+        EXPECT_TRUE(all_are(rc.transfer(p, len), 0x44));
+        memset(p, 0x55, len);
+        EXPECT_TRUE(all_are(rc.transfer(p, len), 0x55));
+        munmap(p, len);
+        void *q = map_filled(0x66, p);
+        EXPECT_TRUE(all_are(rc.transfer(q, len), 0x66));
+        EXPECT_EQ(0u, rc.counters().registrations);
+        EXPECT_EQ(3u, rc.counters().uncached);
+        munmap(q, len);
+    }
+    unsetenv("UCX_KREG_ENABLE");
+}
+
+} // namespace
