@@ -152,6 +152,27 @@ inline ChildResult run_self(const std::vector<std::string> &args,
     return res;
 }
 
+/* kreg_start() and a check that the source runs in `mode` with the event
+ * declared external; on failure it is stopped again. */
+inline bool kernel_start(const std::string &mode)
+{
+    if (kreg_start() != UCS_OK) {
+        fprintf(stderr, "bench: kreg_start failed\n");
+        kreg_stop();
+        return false;
+    }
+    kreg_caps_t caps;
+    kreg_query(&caps);
+    if (!caps.running || !caps.external_event || (mode != kreg_mode_str(caps.mode))) {
+        fprintf(stderr, "bench: kernel source not as asked (%s, mode %s, want %s)\n",
+                caps.running ? "running" : "not running", kreg_mode_str(caps.mode),
+                mode.c_str());
+        kreg_stop();
+        return false;
+    }
+    return true;
+}
+
 /* ---- pinning: io_uring fixed buffers on a sparse table ---------------- */
 
 class Pinner {

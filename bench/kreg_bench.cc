@@ -14,6 +14,7 @@
  * figure the median over the runs of the ratio measured within one run:
  *
  *   P1 <workload>.<kernel|hooks>/no_ucx <ratio>   unregistered malloc/mmap
+ *      (malloc_free_300k, malloc_touch_free_300k, mmap_munmap_4k, _1m)
  *   P2 hit_<size>.<mode>/hooks <ratio>            cache hit (lookup+get+put)
  *   P3 munmap_1m[_to_rcache].kernel/hooks <ratio> freeing a cached buffer
  *   P4 miss_64k.watch/nowatch <ratio>             watch cost in a miss
@@ -72,6 +73,19 @@ void p1()
         for (uint64_t i = 0; i < n; ++i) {
             char *p = static_cast<char *>(malloc(300 * 1024));
             p[0] = 1;
+            escape(p);
+            free(p);
+        }
+        return now_ns() - t0;
+    }));
+    /* the same, with the whole buffer written each time */
+    result("P1.malloc_touch_free_300k", per_op([](uint64_t n) {
+        const uint64_t t0 = now_ns();
+        for (uint64_t i = 0; i < n; ++i) {
+            char *p = static_cast<char *>(malloc(300 * 1024));
+            for (size_t off = 0; off < 300 * 1024; off += page_size()) {
+                p[off] = 1;
+            }
             escape(p);
             free(p);
         }
@@ -312,21 +326,8 @@ int child(const std::string &config)
         return 0;
     }
     const bool kernel = config != "hooks";
-    if (kernel) {
-        if (kreg_start() != UCS_OK) {
-            fprintf(stderr, "bench: kreg_start failed\n");
-            kreg_stop();
-            return 3;
-        }
-        kreg_caps_t caps;
-        kreg_query(&caps);
-        if (!caps.running || !caps.external_event ||
-            config != kreg_mode_str(caps.mode)) {
-            fprintf(stderr, "bench: kernel source not as asked (%s, mode %s)\n",
-                    caps.running ? "running" : "not running", kreg_mode_str(caps.mode));
-            kreg_stop();
-            return 3;
-        }
+    if (kernel && !kernel_start(config)) {
+        return 3;
     }
     Cache c;
     if (!cache_create(&c, kernel, "kreg_bench")) {
@@ -428,6 +429,8 @@ int parent(int reps)
     const Figure figs[] = {
         {"P1", "P1.malloc_free_300k", "verify", "no_ucx", "malloc_free_300k.kernel/no_ucx"},
         {"P1", "P1.malloc_free_300k", "hooks", "no_ucx", "malloc_free_300k.hooks/no_ucx"},
+        {"P1", "P1.malloc_touch_free_300k", "verify", "no_ucx", "malloc_touch_free_300k.kernel/no_ucx"},
+        {"P1", "P1.malloc_touch_free_300k", "hooks", "no_ucx", "malloc_touch_free_300k.hooks/no_ucx"},
         {"P1", "P1.mmap_munmap_4k", "verify", "no_ucx", "mmap_munmap_4k.kernel/no_ucx"},
         {"P1", "P1.mmap_munmap_4k", "hooks", "no_ucx", "mmap_munmap_4k.hooks/no_ucx"},
         {"P1", "P1.mmap_munmap_1m", "verify", "no_ucx", "mmap_munmap_1m.kernel/no_ucx"},

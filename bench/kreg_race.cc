@@ -155,16 +155,7 @@ int child(const std::string &mode, uint64_t rounds)
     if (getenv("KREG_RACE_A_SPIN")) {
         g_a_spin = atoi(getenv("KREG_RACE_A_SPIN"));
     }
-    if (kreg_start() != UCS_OK) {
-        fprintf(stderr, "race: kreg_start failed\n");
-        kreg_stop();
-        return 3;
-    }
-    kreg_caps_t caps;
-    kreg_query(&caps);
-    if (!caps.running || mode != kreg_mode_str(caps.mode)) {
-        fprintf(stderr, "race: kernel source not in mode %s\n", mode.c_str());
-        kreg_stop();
+    if (!kernel_start(mode)) {
         return 3;
     }
     const int uffd = find_uffd();
