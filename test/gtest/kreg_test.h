@@ -18,6 +18,19 @@ extern "C" {
 }
 #include <atomic>
 
+#include "kreg_config.h"
+
+/* TSan cannot follow a child forked from a multi-threaded process that
+ * starts threads again ("dup thread with used id"); the plain, ASan and
+ * UBSan builds run these tests. */
+#if defined(KREG_SANITIZER) && defined(__SANITIZE_THREAD__)
+#define KREG_SKIP_FORKED_CHILD_UNDER_TSAN() \
+    GTEST_SKIP() << "TSan does not support threads in a forked child; the " \
+                    "other builds run this test"
+#else
+#define KREG_SKIP_FORKED_CHILD_UNDER_TSAN() do {} while (0)
+#endif
+
 namespace kreg_test {
 
 size_t page();

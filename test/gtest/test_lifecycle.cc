@@ -26,6 +26,7 @@ protected:
  * range while holding it. The reader must still release that thread. */
 TEST_F(Lifecycle, DispatchBlockedDoesNotBlockMunmap)
 {
+    KREG_SKIP_FORKED_CHILD_UNDER_TSAN();
     auto r = run_child([] {
         static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
         static std::atomic<int> entered{0};
@@ -57,6 +58,7 @@ TEST_F(Lifecycle, DispatchBlockedDoesNotBlockMunmap)
 /* Hazard 5: signals never stop the monitor; every munmap returns. */
 TEST_F(Lifecycle, SignalStormDoesNotStopTheMonitor)
 {
+    KREG_SKIP_FORKED_CHILD_UNDER_TSAN();
     auto r = run_child([] {
         struct sigaction sa = {};
         sa.sa_handler = [](int) {};
@@ -91,6 +93,7 @@ TEST_F(Lifecycle, SignalStormDoesNotStopTheMonitor)
  * blocking munmap (and nothing stays cached unwatched). */
 TEST_F(Lifecycle, StopDropsWatchesAndReportsThem)
 {
+    KREG_SKIP_FORKED_CHILD_UNDER_TSAN();
     auto r = run_child([] {
         EventLog log;
         const size_t len = 4 * page();
@@ -109,6 +112,7 @@ TEST_F(Lifecycle, StopDropsWatchesAndReportsThem)
 
 TEST_F(Lifecycle, ForkedChildRestartsAndParentKeepsWorking)
 {
+    KREG_SKIP_FORKED_CHILD_UNDER_TSAN();
     const size_t len = 4 * page();
     void *p = map_anon(len);
     ASSERT_EQ(1, kreg_watch(p, len, nullptr));
