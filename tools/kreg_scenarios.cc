@@ -626,6 +626,11 @@ struct outcome {
 outcome run_child(const scenario &s, const char *thread, source src,
                   int timeout_s)
 {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    if (s.malloc_conf != nullptr) { /* the sanitizer must own malloc */
+        return {"skip:jemalloc can't be preloaded under a sanitizer", ""};
+    }
+#endif
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) {
         return {"FAIL:pipe", ""};
