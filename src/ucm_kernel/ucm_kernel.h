@@ -32,7 +32,8 @@ typedef enum {
      * queued by the kernel. For measuring. */
     KREG_MODE_PLAIN  = 0,
     /* Also poll the descriptor: every event queued before the call is
-     * dispatched. Leaves only the "not yet queued" window. */
+     * dispatched. Leaves the "not yet queued" window, and SysV shm detach
+     * (shmdt, shmat SHM_REMAP), for which Linux queues no event at all. */
     KREG_MODE_SYNC   = 1,
     /* Default. Also ask the kernel whether the looked-up range is still
      * the watched mapping (UFFDIO_WRITEPROTECT mode 0 is ENOENT otherwise)
