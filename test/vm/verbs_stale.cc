@@ -20,7 +20,8 @@
  *
  * Control, both modes: each round also writes after the remap through the
  * registration held from before it (deliberately stale); the oracle must
- * report old bytes for it, or the run fails.
+ * report old bytes for it, or the run fails. And one last round uses libc's
+ * munmap/mmap, which the hooks (or the kernel) must see: current bytes.
  *
  * Exit: 0 pass, 1 fail, 77 skip (no device, or libucm_kernel cannot start).
  */
@@ -444,12 +445,40 @@ int main(int argc, char **argv)
         }
     }
 
+    /* The same round once more through libc's munmap/mmap, which UCM's
+     * hooks (hooks mode) or the kernel (kernel mode) must see: proves that
+     * the stale rounds above come from the raw syscalls alone. */
+    seen libc_seen;
+    {
+        const unsigned round = rounds;
+        void *addr = mmap(nullptr, kLen, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (addr == MAP_FAILED) fatal("mmap (libc)");
+        fill(addr, round, false);
+        region *r = lookup(addr);
+        send(addr, r);
+        if (r) ucs_rcache_region_put(rcache, &r->super);
+        if (munmap(addr, kLen) != 0) fatal("munmap (libc)");
+        void *again = mmap(addr, kLen, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        if (again != addr) fatal("mmap (libc) at the same address");
+        fill(addr, round, true);
+        r = lookup(addr);
+        send(addr, r);
+        libc_seen = classify(peer, round);
+        if (r) ucs_rcache_region_put(rcache, &r->super);
+        munmap(addr, kLen);
+    }
+
     std::printf("%s: %u/%u stale, %u current, %u corrupt, %u uncached, "
                 "%u first-write errors, %u cache registrations\n",
                 mode.c_str(), stale, rounds, fresh, other, uncached, first_bad,
                 c.regs);
     std::printf("%s: control (write through the pre-remap registration): "
                 "%u/%u stale\n", mode.c_str(), ctl_stale, ctl_rounds);
+    std::printf("%s: libc munmap+mmap instead of raw syscalls: %s\n", mode.c_str(),
+                libc_seen == seen::new_bytes ? "current" :
+                libc_seen == seen::old_bytes ? "stale" : "corrupt");
     if (kernel) {
         kreg_stats_t st{};
         kreg_get_stats(&st);
@@ -473,6 +502,10 @@ int main(int argc, char **argv)
     syscall(SYS_munmap, peer, kLen);
 
     bool ok = (other == 0) && (first_bad == 0);
+    if (libc_seen != seen::new_bytes) {
+        std::printf("%s: FAIL: a libc munmap went unnoticed\n", mode.c_str());
+        ok = false;
+    }
     if (ctl_rounds == 0 || ctl_stale != ctl_rounds) {
         std::printf("%s: FAIL: the oracle missed a deliberately stale write\n",
                     mode.c_str());
