@@ -464,7 +464,7 @@ int parent(int reps)
                                              f.key;
         std::vector<double> ratios, a, b;
         for (const Run &r : runs) {
-            double x, y;
+            double x = 0, y = 0;
             if (value(r, f.cfg, f.key, &x) && value(r, f.base, base_key, &y) && y > 0) {
                 ratios.push_back(x / y);
                 a.push_back(x);
@@ -487,7 +487,7 @@ int parent(int reps)
         for (const char *cfg : {"hooks", "plain", "sync", "verify"}) {
             std::vector<double> v;
             for (const Run &r : runs) {
-                double x;
+                double x = 0;
                 if (value(r, cfg, key, &x)) {
                     v.push_back(x);
                 }
