@@ -75,7 +75,7 @@ int find_uffd()
     }
     int found = -1;
     while (struct dirent *de = readdir(d)) {
-        char path[64], link[128];
+        char path[300], link[128];
         snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
         ssize_t n = readlink(path, link, sizeof(link) - 1);
         if (n > 0) {
