@@ -122,12 +122,18 @@ bool ucx_version_matches(std::string *error)
 void atfork_prepare()
 {
     life_lock.lock();
+    if (running && monitor) {
+        monitor->hold_for_fork();
+    }
     map_lock.lock();
 }
 
 void atfork_parent()
 {
     map_lock.unlock();
+    if (running && monitor) {
+        monitor->release_after_fork();
+    }
     life_lock.unlock();
 }
 

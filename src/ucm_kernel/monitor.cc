@@ -99,6 +99,20 @@ void Monitor::stop()
     }
 }
 
+void Monitor::hold_for_fork()
+{
+    fork_hold_ = true;
+    while (in_dispatch_.load()) {
+        in_dispatch_.wait(true);
+    }
+}
+
+void Monitor::release_after_fork()
+{
+    fork_hold_ = false;
+    fork_hold_.notify_all();
+}
+
 void Monitor::abandon_after_fork()
 {
     /* The threads and their locks belong to the parent; the child only
@@ -280,6 +294,17 @@ void Monitor::dispatch_loop()
             read_ns = batch_read_ns_;
         }
 
+        /* fork_hold_ and in_dispatch_ are a Dekker pair with
+         * hold_for_fork(): one of the two sees the other */
+        for (;;) {
+            in_dispatch_ = true;
+            if (!fork_hold_.load()) {
+                break;
+            }
+            in_dispatch_ = false;
+            in_dispatch_.notify_all();
+            fork_hold_.wait(true);
+        }
         uint64_t count = 0;
         for (const Entry &e : batch) {
             if (e.start != e.end) {
@@ -288,6 +313,8 @@ void Monitor::dispatch_loop()
             }
             count += e.count;
         }
+        in_dispatch_ = false;
+        in_dispatch_.notify_all();
         if (count > 0) {
             uint64_t lat = now_ns() - read_ns;
             update_max(lat_max_, lat);

@@ -40,6 +40,11 @@ public:
     bool start(std::string *error);
     /* Stops both threads. The descriptor itself is closed by the owner. */
     void stop();
+    /* Before fork: lets the dispatch under way finish and holds the next,
+     * so that no child inherits UCM's or an rcache's lock taken by the
+     * dispatcher (they would stay locked there forever). */
+    void hold_for_fork();
+    void release_after_fork();
     /* After fork, in the child: the threads do not exist there. */
     void abandon_after_fork();
 
@@ -84,6 +89,8 @@ private:
     std::atomic<uint64_t> read_seq_{0};
     std::atomic<uint64_t> done_seq_{0};
     std::atomic<uint64_t> wake_dispatcher_{0};
+    std::atomic<bool>     fork_hold_{false};
+    std::atomic<bool>     in_dispatch_{false};
 
     /* statistics */
     std::atomic<uint64_t> events_[KREG_EV_LAST] = {};

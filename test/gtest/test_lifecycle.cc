@@ -145,6 +145,35 @@ TEST_F(Lifecycle, ForkedChildRestartsAndParentKeepsWorking)
     kreg_unwatch(p, len);
 }
 
+/* A fork while the dispatcher is inside UCM's dispatch (holding UCM's event
+ * lock) must not hand the child that lock, held by a thread it doesn't have. */
+TEST_F(Lifecycle, ForkWaitsForDispatchUnderWay)
+{
+    KREG_SKIP_FORKED_CHILD_UNDER_TSAN();
+    static std::atomic<int> in_handler{0};
+    auto slow = [](ucm_event_type_t, ucm_event_t *, void *) {
+        if (in_handler.exchange(1) == 0) {
+            usleep(200 * 1000);
+        }
+    };
+    ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0, slow, nullptr);
+    const size_t len = 4 * page();
+    void *p = map_anon(len);
+    ASSERT_EQ(1, kreg_watch(p, len, nullptr));
+    ASSERT_EQ(0, munmap(p, len));
+    while (in_handler.load() == 0) {
+        sched_yield(); /* the dispatcher is in the slow handler now */
+    }
+    auto r = run_child([] {
+        /* takes UCM's event lock for writing */
+        EventLog log;
+        return 0;
+    }, 10);
+    EXPECT_EQ(0, r.status) << (r.status == -1 ? "child hung on a lock held at fork" : r.output);
+    ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, slow, nullptr);
+    kreg_unwatch(p, len);
+}
+
 TEST_F(Lifecycle, DescriptorIsCloseOnExec)
 {
     int found = 0;
