@@ -1,0 +1,519 @@
+/*
+ * UCP-level data test over real RDMA (Soft-RoCE in the VM): two workers of
+ * one context in one process, connected by their worker addresses.
+ *
+ *   ucp_data [--component LIB] [--rounds N] [--no-data] [--no-remap]
+ *
+ * --component LIB: dlopen LIB (libuct_ib_regcache.so) before ucp_init and
+ * require kreg_ib_regcache_status() == UCS_OK; then remap rounds must never
+ * be stale. Without it UCX runs stock and the stale count is only printed.
+ * UCX_TLS chooses the transports (rc_kreg,ud_kreg or rc_verbs,ud_verbs).
+ *
+ * 1. data: tag send/recv of 1 B, 8 KiB, 64 KiB, 1 MiB, 8 MiB (eager and
+ *    rendezvous), ucp_put_nbx and ucp_get_nbx of 1 MiB through a packed and
+ *    unpacked rkey; every byte checked against a pattern.
+ * 2. remap: a 1 MiB mmap'd buffer is sent (rendezvous: registered, cached),
+ *    unmapped with a raw munmap syscall, mapped again at the same address
+ *    with new bytes (by this thread, or by another), and sent again; the
+ *    receiver must get the new bytes. Prints per thread case
+ *      <kernel|hooks>: ucp remap <same|other> thread: S of N rounds stale (C corrupt)
+ *
+ * Exit: 0 if every data check passed (and, with --component, no round was
+ * stale or corrupt); 1 otherwise; 77 when UCP has no usable transport.
+ */
+#include <ucp/api/ucp.h>
+
+#include <dlfcn.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+int g_failures;
+
+void check(bool ok, const std::string &what)
+{
+    std::printf("%s: %s\n", ok ? "ok  " : "FAIL", what.c_str());
+    std::fflush(stdout);
+    if (!ok) {
+        ++g_failures;
+    }
+}
+
+uint8_t pattern(uint32_t seed, size_t i)
+{
+    return (uint8_t)(seed * 0x9e3779b1u + i * 131u + (i >> 12) * 7u);
+}
+
+void fill(void *buf, size_t len, uint32_t seed)
+{
+    uint8_t *p = static_cast<uint8_t*>(buf);
+    for (size_t i = 0; i < len; ++i) {
+        p[i] = pattern(seed, i);
+    }
+}
+
+/* Index of the first byte that differs from the pattern, or len. */
+size_t first_bad(const void *buf, size_t len, uint32_t seed)
+{
+    const uint8_t *p = static_cast<const uint8_t*>(buf);
+    for (size_t i = 0; i < len; ++i) {
+        if (p[i] != pattern(seed, i)) {
+            return i;
+        }
+    }
+    return len;
+}
+
+/* libc's mmap/munmap, which UCX's hooks see: every buffer but the remapped
+ * one, so that only the raw syscalls of the remap can leave a stale entry
+ * (a receive buffer at a reused address would go stale with stock UCX too). */
+void *libc_mmap(size_t len)
+{
+    return mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+}
+
+void *raw_mmap(void *addr, size_t len, int flags)
+{
+    long r = syscall(SYS_mmap, addr, len, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0L);
+    return (r < 0 && r > -4096) ? MAP_FAILED : reinterpret_cast<void*>(r);
+}
+
+int raw_munmap(void *addr, size_t len)
+{
+    return (int)syscall(SYS_munmap, addr, len);
+}
+
+struct completion {
+    bool         done   = false;
+    ucs_status_t status = UCS_OK;
+    size_t       length = 0;
+};
+
+void send_cb(void *, ucs_status_t status, void *arg)
+{
+    auto *c   = static_cast<completion*>(arg);
+    c->status = status;
+    c->done   = true;
+}
+
+void recv_cb(void *, ucs_status_t status, const ucp_tag_recv_info_t *info,
+             void *arg)
+{
+    auto *c   = static_cast<completion*>(arg);
+    c->status = status;
+    c->length = info->length;
+    c->done   = true;
+}
+
+struct peers {
+    ucp_context_h context = nullptr;
+    ucp_worker_h  w[2]    = {nullptr, nullptr};
+    ucp_ep_h      ep[2]   = {nullptr, nullptr}; /* ep[0]: 0 -> 1 */
+
+    void progress()
+    {
+        ucp_worker_progress(w[0]);
+        ucp_worker_progress(w[1]);
+    }
+
+    /* Waits for a request of *_nbx; false on error or after 120 s. */
+    bool wait(ucs_status_ptr_t req, completion *c, const char *what)
+    {
+        if (req == nullptr) {
+            return true;
+        }
+        if (UCS_PTR_IS_ERR(req)) {
+            std::printf("error: %s: %s\n", what,
+                        ucs_status_string(UCS_PTR_STATUS(req)));
+            return false;
+        }
+        auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+        while (!c->done && (std::chrono::steady_clock::now() < end)) {
+            progress();
+        }
+        if (!c->done) {
+            /* a hung transfer: no way to cancel it safely, give up */
+            std::printf("error: %s: timed out after 120 s\nFAILED\n", what);
+            std::fflush(stdout);
+            std::_Exit(1);
+        }
+        ucp_request_free(req);
+        if (c->status != UCS_OK) {
+            std::printf("error: %s: %s\n", what, ucs_status_string(c->status));
+        }
+        return c->status == UCS_OK;
+    }
+
+    /* Tag message of len bytes from worker 0 to worker 1. */
+    bool tag(const void *sbuf, void *rbuf, size_t len, ucp_tag_t t)
+    {
+        completion rc, sc;
+        ucp_request_param_t rp = {};
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        rp.cb.recv      = recv_cb;
+        rp.user_data    = &rc;
+        ucs_status_ptr_t rreq = ucp_tag_recv_nbx(w[1], rbuf, len, t,
+                                                 (ucp_tag_t)-1, &rp);
+
+        ucp_request_param_t sp = {};
+        sp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        sp.cb.send      = send_cb;
+        sp.user_data    = &sc;
+        ucs_status_ptr_t sreq = ucp_tag_send_nbx(ep[0], sbuf, len, t, &sp);
+
+        bool ok = wait(sreq, &sc, "tag send");
+        if (rreq == nullptr) {
+            rc.length = len; /* completed at once: only with an unexpected hit */
+        }
+        ok = wait(rreq, &rc, "tag recv") && ok;
+        if (ok && (rc.length != len)) {
+            std::printf("error: received %zu bytes, sent %zu\n", rc.length, len);
+            ok = false;
+        }
+        return ok;
+    }
+
+    bool flush(ucp_ep_h e)
+    {
+        completion c;
+        ucp_request_param_t p = {};
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        p.cb.send      = send_cb;
+        p.user_data    = &c;
+        return wait(ucp_ep_flush_nbx(e, &p), &c, "flush");
+    }
+
+    bool rma(bool put, void *lbuf, size_t len, uint64_t raddr, ucp_rkey_h rkey)
+    {
+        completion c;
+        ucp_request_param_t p = {};
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        p.cb.send      = send_cb;
+        p.user_data    = &c;
+        ucs_status_ptr_t req = put ? ucp_put_nbx(ep[0], lbuf, len, raddr, rkey, &p)
+                                   : ucp_get_nbx(ep[0], lbuf, len, raddr, rkey, &p);
+        return wait(req, &c, put ? "put" : "get") && flush(ep[0]);
+    }
+
+    void close()
+    {
+        std::vector<ucs_status_ptr_t> reqs;
+        for (auto &e : ep) {
+            if (e != nullptr) {
+                ucp_request_param_t p = {}; /* flush mode: both progress */
+                reqs.push_back(ucp_ep_close_nbx(e, &p));
+                e = nullptr;
+            }
+        }
+        for (auto req : reqs) {
+            if (UCS_PTR_IS_PTR(req)) {
+                auto end = std::chrono::steady_clock::now() +
+                           std::chrono::seconds(30);
+                while ((ucp_request_check_status(req) == UCS_INPROGRESS) &&
+                       (std::chrono::steady_clock::now() < end)) {
+                    progress();
+                }
+                ucp_request_free(req);
+            }
+        }
+        for (auto &worker : w) {
+            if (worker != nullptr) {
+                ucp_worker_destroy(worker);
+                worker = nullptr;
+            }
+        }
+        if (context != nullptr) {
+            ucp_cleanup(context);
+            context = nullptr;
+        }
+    }
+};
+
+bool open_peers(peers &p)
+{
+    ucp_config_t *config;
+    if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) {
+        return false;
+    }
+    ucp_params_t params = {};
+    params.field_mask   = UCP_PARAM_FIELD_FEATURES;
+    params.features     = UCP_FEATURE_TAG | UCP_FEATURE_RMA;
+    ucs_status_t status = ucp_init(&params, config, &p.context);
+    ucp_config_release(config);
+    if (status != UCS_OK) {
+        std::printf("error: ucp_init: %s\n", ucs_status_string(status));
+        return false;
+    }
+
+    ucp_worker_params_t wp = {};
+    wp.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    for (auto &worker : p.w) {
+        status = ucp_worker_create(p.context, &wp, &worker);
+        if (status != UCS_OK) {
+            std::printf("error: ucp_worker_create: %s\n",
+                        ucs_status_string(status));
+            return false;
+        }
+    }
+
+    for (int i = 0; i < 2; ++i) {
+        ucp_address_t *addr;
+        size_t addr_len;
+        if (ucp_worker_get_address(p.w[1 - i], &addr, &addr_len) != UCS_OK) {
+            return false;
+        }
+        ucp_ep_params_t ep_params = {};
+        ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        ep_params.address    = addr;
+        status = ucp_ep_create(p.w[i], &ep_params, &p.ep[i]);
+        ucp_worker_release_address(p.w[1 - i], addr);
+        if (status != UCS_OK) {
+            std::printf("error: ucp_ep_create: %s\n", ucs_status_string(status));
+            return false;
+        }
+    }
+    return true;
+}
+
+void data_tests(peers &p)
+{
+    const size_t sizes[] = {1, 8 << 10, 64 << 10, 1 << 20, 8 << 20};
+    ucp_tag_t t = 0x100;
+    uint32_t seed = 1;
+
+    for (size_t len : sizes) {
+        std::vector<uint8_t> sbuf(len), rbuf(len, 0);
+        fill(sbuf.data(), len, seed);
+        bool ok = p.tag(sbuf.data(), rbuf.data(), len, t++);
+        size_t bad = ok ? first_bad(rbuf.data(), len, seed) : 0;
+        if (ok && (bad != len)) {
+            std::printf("error: byte %zu differs\n", bad);
+        }
+        check(ok && (bad == len), "tag send/recv " + std::to_string(len) +
+              " B, every byte");
+        ++seed;
+    }
+
+    /* RMA: worker 1's memory, mapped by UCP, its rkey packed and unpacked
+     * on worker 0's endpoint. */
+    const size_t len = 1 << 20;
+    void *target = libc_mmap(len);
+    std::vector<uint8_t> local(len);
+    ucp_mem_map_params_t mp = {};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address    = target;
+    mp.length     = len;
+    ucp_mem_h memh;
+    void *rkey_buf;
+    size_t rkey_len;
+    ucp_rkey_h rkey;
+    if ((target == MAP_FAILED) ||
+        (ucp_mem_map(p.context, &mp, &memh) != UCS_OK)) {
+        check(false, "ucp_mem_map of 1 MiB");
+        return;
+    }
+    bool keys = (ucp_rkey_pack(p.context, memh, &rkey_buf, &rkey_len) == UCS_OK);
+    if (keys) {
+        keys = (ucp_ep_rkey_unpack(p.ep[0], rkey_buf, &rkey) == UCS_OK);
+        ucp_rkey_buffer_release(rkey_buf);
+    }
+    check(keys, "rkey packed (" + std::to_string(keys ? rkey_len : 0) +
+          " B) and unpacked");
+    if (keys) {
+        uint64_t raddr = reinterpret_cast<uintptr_t>(target);
+        memset(target, 0, len);
+        fill(local.data(), len, seed);
+        bool ok = p.rma(true, local.data(), len, raddr, rkey);
+        check(ok && (first_bad(target, len, seed) == len),
+              "ucp_put_nbx 1 MiB, every byte");
+        ++seed;
+        fill(target, len, seed);
+        memset(local.data(), 0, len);
+        ok = p.rma(false, local.data(), len, raddr, rkey);
+        check(ok && (first_bad(local.data(), len, seed) == len),
+              "ucp_get_nbx 1 MiB, every byte");
+        ucp_rkey_destroy(rkey);
+    }
+    ucp_mem_unmap(p.context, memh);
+    munmap(target, len);
+}
+
+struct remap_result {
+    int stale = 0, corrupt = 0, failed = 0, retries = 0;
+};
+
+/* Unmaps buf by the raw syscall and maps fresh anonymous memory at the same
+ * address; false if another mapping took the address meanwhile. */
+bool remap(void *buf, size_t len)
+{
+    if (raw_munmap(buf, len) != 0) {
+        return false;
+    }
+    void *again = raw_mmap(buf, len, MAP_FIXED_NOREPLACE);
+    if (again == buf) {
+        return true;
+    }
+    if (again != MAP_FAILED) {
+        raw_munmap(again, len); /* an old kernel that ignored the flag */
+    }
+    return false;
+}
+
+remap_result remap_rounds(peers &p, int rounds, bool other_thread)
+{
+    const size_t len = 1 << 20;
+    remap_result r;
+    void *rbuf = libc_mmap(len);
+    uint32_t seed = 1000;
+
+    for (int round = 0; round < rounds; ++round) {
+        /* Each round starts and ends through libc's mmap/munmap, which UCX's
+         * hooks see too: a round's first send is current for both, and only
+         * the raw syscalls in between can leave a stale registration. */
+        void *buf = libc_mmap(len);
+        if ((buf == MAP_FAILED) || (rbuf == MAP_FAILED)) {
+            ++r.failed;
+            continue;
+        }
+        uint32_t old_seed = seed++, new_seed = seed++;
+        fill(buf, len, old_seed);
+        if (!p.tag(buf, rbuf, len, 0x1000 + round) ||
+            (first_bad(rbuf, len, old_seed) != len)) {
+            std::printf("error: round %d: the first send did not carry its "
+                        "bytes (byte %zu: 0x%02x, want 0x%02x; previous round's "
+                        "%s)\n", round, first_bad(rbuf, len, old_seed),
+                        static_cast<uint8_t*>(rbuf)[first_bad(rbuf, len, old_seed)],
+                        pattern(old_seed, first_bad(rbuf, len, old_seed)),
+                        (first_bad(rbuf, len, old_seed - 1) == len) ? "new bytes" :
+                        (first_bad(rbuf, len, old_seed - 2) == len) ? "old bytes" :
+                        "neither");
+            ++r.failed;
+            munmap(buf, len);
+            continue;
+        }
+
+        bool mapped;
+        if (other_thread) {
+            std::thread th([&] { mapped = remap(buf, len); });
+            th.join();
+        } else {
+            mapped = remap(buf, len);
+        }
+        if (!mapped) {
+            /* someone else took the address: not a round, try again */
+            ++r.retries;
+            --round;
+            if (r.retries > 100) {
+                ++r.failed;
+                break;
+            }
+            continue;
+        }
+        fill(buf, len, new_seed);
+        memset(rbuf, 0, len);
+        if (!p.tag(buf, rbuf, len, 0x2000 + round)) {
+            ++r.failed;
+        } else if (first_bad(rbuf, len, new_seed) == len) {
+            /* current */
+        } else if (first_bad(rbuf, len, old_seed) == len) {
+            ++r.stale;
+        } else {
+            ++r.corrupt;
+        }
+        munmap(buf, len);
+    }
+    if (rbuf != MAP_FAILED) {
+        munmap(rbuf, len);
+    }
+    return r;
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    const char *component = nullptr;
+    int rounds = 20;
+    bool data = true, remaps = true;
+
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        if ((a == "--component") && (i + 1 < argc)) {
+            component = argv[++i];
+        } else if ((a == "--rounds") && (i + 1 < argc)) {
+            rounds = std::atoi(argv[++i]);
+        } else if (a == "--no-data") {
+            data = false;
+        } else if (a == "--no-remap") {
+            remaps = false;
+        } else {
+            std::fprintf(stderr, "usage: ucp_data [--component LIB] "
+                         "[--rounds N] [--no-data] [--no-remap]\n");
+            return 2;
+        }
+    }
+
+    const char *label = "hooks";
+    if (component != nullptr) {
+        void *lib = dlopen(component, RTLD_NOW | RTLD_GLOBAL);
+        auto status_fn = lib ? reinterpret_cast<ucs_status_t (*)(void)>(
+                                   dlsym(lib, "kreg_ib_regcache_status"))
+                             : nullptr;
+        if ((status_fn == nullptr) || (status_fn() != UCS_OK)) {
+            std::printf("FAIL: %s not loaded or not registered: %s\n",
+                        component, lib ? "status" : dlerror());
+            return 1;
+        }
+        label = "kernel";
+    }
+    const char *tls = getenv("UCX_TLS");
+    std::printf("info: UCX %s, UCX_TLS=%s, %s\n", ucp_get_version_string(),
+                tls ? tls : "(default)",
+                component ? "ib_regcache loaded" : "stock UCX");
+
+    peers p;
+    if (!open_peers(p)) {
+        std::printf("skip: UCP cannot connect two workers here\n");
+        p.close();
+        return 77;
+    }
+
+    if (data) {
+        data_tests(p);
+    }
+    if (remaps) {
+        for (int other = 0; other < 2; ++other) {
+            remap_result r = remap_rounds(p, rounds, other);
+            std::printf("%s: ucp remap %s thread: %d of %d rounds stale "
+                        "(%d corrupt, %d failed, %d retried)\n", label,
+                        other ? "other" : "same", r.stale, rounds, r.corrupt,
+                        r.failed, r.retries);
+            check(r.failed == 0, std::string("remap rounds ran (") +
+                  (other ? "other" : "same") + " thread)");
+            if (component != nullptr) {
+                check((r.stale == 0) && (r.corrupt == 0),
+                      std::string("no stale data through ib_regcache (") +
+                      (other ? "other" : "same") + " thread)");
+            }
+        }
+    }
+
+    p.close();
+    std::printf("%s\n", g_failures ? "FAILED" : "PASSED");
+    return g_failures ? 1 : 0;
+}
