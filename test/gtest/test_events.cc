@@ -221,7 +221,7 @@ TEST_P(Events, Shmdt)
 
 TEST_P(Events, BrkShrink)
 {
-    KREG_SKIP_FORKED_CHILD_UNDER_TSAN();
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
     /* in a child: the heap top must not move under us */
     auto res = run_child([] {
         EventLog log;

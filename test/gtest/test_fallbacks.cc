@@ -85,7 +85,7 @@ protected:
 
 TEST_F(Fallbacks, EnosysWithoutDevice)
 {
-    KREG_SKIP_FORKED_CHILD_UNDER_TSAN();
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
     auto r = run_child([] { return refused_start(ENOSYS, false, KREG_REASON_ENOSYS); });
     EXPECT_EQ(0, r.status) << r.output;
     EXPECT_NE(std::string::npos, r.output.find("kernel memory events unavailable"))
@@ -95,7 +95,7 @@ TEST_F(Fallbacks, EnosysWithoutDevice)
 
 TEST_F(Fallbacks, EpermWithoutDevice)
 {
-    KREG_SKIP_FORKED_CHILD_UNDER_TSAN();
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
     auto r = run_child([] { return refused_start(EPERM, false, KREG_REASON_EPERM); });
     EXPECT_EQ(0, r.status) << r.output;
     EXPECT_NE(std::string::npos, r.output.find("not permitted")) << r.output;
@@ -103,7 +103,7 @@ TEST_F(Fallbacks, EpermWithoutDevice)
 
 TEST_F(Fallbacks, EpermFallsBackToDevice)
 {
-    KREG_SKIP_FORKED_CHILD_UNDER_TSAN();
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
     if (access("/dev/userfaultfd", R_OK | W_OK) != 0) {
         GTEST_SKIP() << "/dev/userfaultfd not usable here (needs root or the "
                         "device's group); EpermWithoutDevice covers the refusal";
@@ -147,7 +147,7 @@ TEST_F(Fallbacks, EbusyWhenAnotherUserfaultfdWatches)
 
 TEST_F(Fallbacks, EinvalForFileMappingWithoutWpAsync)
 {
-    KREG_SKIP_FORKED_CHILD_UNDER_TSAN();
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
     auto r = run_child([] {
         kreg_stop();
         setenv("UCX_KREG_WP_ASYNC", "n", 1);
@@ -186,7 +186,7 @@ TEST_F(Fallbacks, EinvalForFileMappingWithoutWpAsync)
 
 TEST_F(Fallbacks, BadOptionValueIsRefusedClearly)
 {
-    KREG_SKIP_FORKED_CHILD_UNDER_TSAN();
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
     auto r = run_child([] {
         kreg_stop();
         setenv("UCX_KREG_MODE", "fastest", 1);
@@ -204,7 +204,7 @@ TEST_F(Fallbacks, BadOptionValueIsRefusedClearly)
 
 TEST_F(Fallbacks, DisabledByOption)
 {
-    KREG_SKIP_FORKED_CHILD_UNDER_TSAN();
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
     auto r = run_child([] {
         kreg_stop();
         setenv("UCX_KREG_ENABLE", "n", 1);
