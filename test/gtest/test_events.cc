@@ -209,7 +209,14 @@ TEST_P(Events, Shmdt)
     EXPECT_FALSE(log_->covers(p, len));
     /* new memory there: only an exact check at lookup can see it */
     void *q = map_anon(len, p, MAP_FIXED_NOREPLACE);
-    ASSERT_EQ(p, q);
+    if (q != p) {
+        /* another thread (an allocator, the dispatcher) took it first */
+        kreg_unwatch(p, len);
+        if (q != nullptr) {
+            munmap(q, len);
+        }
+        GTEST_SKIP() << "the detached address was taken by another mapping";
+    }
     int watched_now = kreg_prepare_lookup(p, len);
     if (is_verify(GetParam())) {
         EXPECT_EQ(0, watched_now);
