@@ -34,11 +34,12 @@
 
 namespace {
 
-/* Registration status that means "the range cannot be watched": chosen
- * because UCX's verbs registration path never returns it. The rcache keeps
- * a failed region with this status, so later lookups of the same range fail
- * fast with it and go uncached without asking the kernel again. */
-constexpr ucs_status_t kWatchRefused = UCS_ERR_NOT_IMPLEMENTED;
+/* Registration status that means "the kernel refused to watch the range"
+ * ("Operation rejected"): UCX's registration paths (verbs, mlx5 devx) return
+ * NO_MEMORY, IO_ERROR or UNSUPPORTED, never this. The rcache keeps a failed
+ * region with its status, so later lookups of the same range fail fast with
+ * it and go uncached without asking the kernel again. */
+constexpr ucs_status_t kWatchRefused = UCS_ERR_REJECTED;
 
 /* Private bits in uct_ib_mem_t::flags. UCX 1.13.1 uses bits 0..4. */
 constexpr uint32_t kMemhWatchedDefault = 1u << 31; /* UCT_IB_MR_DEFAULT watched */
