@@ -25,6 +25,18 @@
 /* UCX's own transports, exported by libuct_ib. */
 extern uct_tl_t uct_rc_verbs_tl;
 extern uct_tl_t uct_ud_verbs_tl;
+#if HAVE_TL_RC && HAVE_MLX5_DV
+#define KREG_HAVE_RC_MLX5 1
+extern uct_tl_t uct_rc_mlx5_tl;
+#endif
+#if HAVE_TL_DC && HAVE_MLX5_DV
+#define KREG_HAVE_DC_MLX5 1
+extern uct_tl_t uct_dc_mlx5_tl;
+#endif
+#if HAVE_TL_UD && HAVE_MLX5_HW_UD
+#define KREG_HAVE_UD_MLX5 1
+extern uct_tl_t uct_ud_mlx5_tl;
+#endif
 
 kreg_ucp_rcache_state_t kreg_ucp_rcache_state = KREG_UCP_RCACHE_DISABLED_BY_US;
 char kreg_ucp_rcache_value[32];
@@ -105,21 +117,44 @@ uct_component_t kreg_component = {
     .md_vfs_init        = kreg_md_vfs_init
 };
 
-/* UCX's verbs transports under new names and configuration prefixes. The
- * option tables are UCX's own (so UCX_RC_*, UCX_IB_* apply as to stock
+/* UCX's verbs and mlx5 transports under new names; the configuration
+ * prefix is the name in capitals (rc_kreg: RC_KREG_, rc_kreg_x: RC_KREG_X_).
+ * The option tables are UCX's own (so UCX_RC_*, UCX_IB_* apply as to stock
  * rc_verbs), read a second time under our prefix, never registered twice. */
-static uct_tl_t kreg_rc_tl = {.name = KREG_RC_TL_NAME};
-static uct_tl_t kreg_ud_tl = {.name = KREG_UD_TL_NAME};
+typedef struct {
+    uct_tl_t       tl;
+    const uct_tl_t *orig;
+    const char     *config_name;
+} kreg_tl_t;
 
-static void kreg_tl_init(uct_tl_t *tl, const uct_tl_t *orig,
-                         const char *config_name, const char *prefix)
+#define KREG_TL(_name, _prefix, _orig) \
+    {.tl = {.name = _name, .config = {.prefix = _prefix}}, .orig = _orig, \
+     .config_name = _name " transport"}
+
+_Static_assert(sizeof(KREG_RC_MLX5_TL_NAME) <= UCT_TL_NAME_MAX,
+               "transport names have at most UCT_TL_NAME_MAX - 1 characters");
+
+static kreg_tl_t kreg_tls[] = {
+    KREG_TL(KREG_RC_TL_NAME, KREG_RC_CONFIG_PREFIX, &uct_rc_verbs_tl),
+    KREG_TL(KREG_UD_TL_NAME, KREG_UD_CONFIG_PREFIX, &uct_ud_verbs_tl),
+#ifdef KREG_HAVE_RC_MLX5
+    KREG_TL(KREG_RC_MLX5_TL_NAME, "RC_KREG_X_", &uct_rc_mlx5_tl),
+#endif
+#ifdef KREG_HAVE_DC_MLX5
+    KREG_TL(KREG_DC_MLX5_TL_NAME, "DC_KREG_X_", &uct_dc_mlx5_tl),
+#endif
+#ifdef KREG_HAVE_UD_MLX5
+    KREG_TL(KREG_UD_MLX5_TL_NAME, "UD_KREG_X_", &uct_ud_mlx5_tl),
+#endif
+};
+
+static void kreg_tl_init(kreg_tl_t *t)
 {
-    tl->query_devices = orig->query_devices;
-    tl->iface_open    = orig->iface_open;
-    tl->config.name   = config_name;
-    tl->config.prefix = prefix;
-    tl->config.table  = orig->config.table;
-    tl->config.size   = orig->config.size;
+    t->tl.query_devices = t->orig->query_devices;
+    t->tl.iface_open    = t->orig->iface_open;
+    t->tl.config.name   = t->config_name;
+    t->tl.config.table  = t->orig->config.table;
+    t->tl.config.size   = t->orig->config.size;
 }
 
 static ucs_status_t kreg_init_status = UCS_ERR_NO_ELEM;
@@ -153,6 +188,7 @@ static void kreg_check_ucp_rcache(void)
 static void __attribute__((constructor)) kreg_ib_regcache_ctor(void)
 {
     const char *running = ucp_get_version_string();
+    size_t i;
 
     if (strcmp(running, KREG_UCX_BUILD_VERSION) != 0) {
         ucs_error("ib_regcache: built against UCX " KREG_UCX_BUILD_VERSION
@@ -164,26 +200,26 @@ static void __attribute__((constructor)) kreg_ib_regcache_ctor(void)
     }
 
     kreg_md_config_table[0].parser.arg = uct_ib_component.md_config.table;
-    kreg_tl_init(&kreg_rc_tl, &uct_rc_verbs_tl,
-                 KREG_RC_TL_NAME " transport", KREG_RC_CONFIG_PREFIX);
-    kreg_tl_init(&kreg_ud_tl, &uct_ud_verbs_tl,
-                 KREG_UD_TL_NAME " transport", KREG_UD_CONFIG_PREFIX);
 
     kreg_check_ucp_rcache();
 
     uct_component_register(&kreg_component);
-    uct_tl_register(&kreg_component, &kreg_rc_tl);
-    uct_tl_register(&kreg_component, &kreg_ud_tl);
+    for (i = 0; i < ucs_static_array_size(kreg_tls); ++i) {
+        kreg_tl_init(&kreg_tls[i]);
+        uct_tl_register(&kreg_component, &kreg_tls[i].tl);
+    }
     kreg_stock_ib_hook_install();
     kreg_registered  = 1;
     kreg_init_status = UCS_OK;
     ucs_debug("ib_regcache: registered component '" KREG_COMPONENT_NAME
-              "' with transports " KREG_RC_TL_NAME ", " KREG_UD_TL_NAME
-              " on UCX %s", running);
+              "' with %zu transports (" KREG_RC_TL_NAME ", " KREG_UD_TL_NAME
+              ", ...) on UCX %s", ucs_static_array_size(kreg_tls), running);
 }
 
 static void __attribute__((destructor)) kreg_ib_regcache_dtor(void)
 {
+    size_t i;
+
     if (!kreg_registered) {
         return;
     }
@@ -191,8 +227,9 @@ static void __attribute__((destructor)) kreg_ib_regcache_dtor(void)
     /* The library is linked with -z nodelete, so this runs at process exit
      * only; UCX 1.13 never takes a component off uct_components_list. */
     kreg_stock_ib_hook_remove();
-    uct_tl_unregister(&kreg_ud_tl);
-    uct_tl_unregister(&kreg_rc_tl);
+    for (i = ucs_static_array_size(kreg_tls); i-- > 0;) {
+        uct_tl_unregister(&kreg_tls[i].tl);
+    }
     uct_component_unregister(&kreg_component);
     kreg_registered = 0;
 }

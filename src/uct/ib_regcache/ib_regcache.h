@@ -25,6 +25,13 @@ extern "C" {
 #define KREG_RC_CONFIG_PREFIX   "RC_KREG_"
 #define KREG_UD_TL_NAME         "ud_kreg"
 #define KREG_UD_CONFIG_PREFIX   "UD_KREG_"
+/* UCX's mlx5 transports (rc_mlx5, dc_mlx5, ud_mlx5; "_x" as in UCX's
+ * aliases rc_x, dc_x, ud_x: a name has at most UCT_TL_NAME_MAX - 1 = 9
+ * characters). They list devices only on an mlx5 device (UCX's own query
+ * filters by device flags), never on rxe. */
+#define KREG_RC_MLX5_TL_NAME    "rc_kreg_x"
+#define KREG_DC_MLX5_TL_NAME    "dc_kreg_x"
+#define KREG_UD_MLX5_TL_NAME    "ud_kreg_x"
 
 /* Memory domain configuration: UCX's IB md options, then our own. */
 typedef struct kreg_md_config {
