@@ -11,6 +11,8 @@
  * 4. a private file mapping, which Linux < 6.7 cannot watch, is registered
  *    uncached every time, and its key still packs.
  */
+#include "uct_component.h"
+
 #include <ucm_kernel/ucm_kernel.h>
 #include <uct/api/uct.h>
 
@@ -52,45 +54,6 @@ uint64_t refusals(const kreg_stats_t &s)
         n += s.fallbacks[i];
     }
     return n;
-}
-
-uct_component_h find_component(const char *name, std::string &md_name,
-                               const char *device)
-{
-    uct_component_h *components;
-    unsigned count;
-
-    if (uct_query_components(&components, &count) != UCS_OK) {
-        return nullptr;
-    }
-
-    uct_component_h found = nullptr;
-    for (unsigned i = 0; (i < count) && (found == nullptr); ++i) {
-        uct_component_attr_t attr = {};
-        attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME |
-                          UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
-        if ((uct_component_query(components[i], &attr) != UCS_OK) ||
-            strcmp(attr.name, name)) {
-            continue;
-        }
-
-        std::vector<uct_md_resource_desc_t> res(attr.md_resource_count);
-        attr.field_mask   = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
-        attr.md_resources = res.data();
-        if (uct_component_query(components[i], &attr) != UCS_OK) {
-            continue;
-        }
-        for (auto &r : res) {
-            if ((device == nullptr) || !strcmp(r.md_name, device)) {
-                md_name = r.md_name;
-                found   = components[i];
-                break;
-            }
-        }
-    }
-
-    uct_release_component_list(components);
-    return found;
 }
 
 /* Registers [buf, buf+len) n times; returns the watches it took. */
