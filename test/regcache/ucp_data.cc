@@ -3,6 +3,8 @@
  * one context in one process, connected by their worker addresses.
  *
  *   ucp_data [--component LIB] [--rounds N] [--no-data] [--no-remap]
+ *   ucp_data [--component LIB] --churn N [--size S] [--alloc malloc|mmap]
+ *            [--warmup W]
  *
  * --component LIB: dlopen LIB (libuct_ib_regcache.so) before ucp_init and
  * require kreg_ib_regcache_status() == UCS_OK; then remap rounds must never
@@ -21,8 +23,25 @@
  *    receiver must get the new bytes. Prints per thread case
  *      <kernel|hooks>: ucp remap <same|other> thread: S of N rounds stale (C corrupt)
  *
+ * 3. --churn N (a benchmark, instead of 1 and 2): N timed rounds, after W
+ *    untimed ones (default 5), of: allocate S bytes (default 1 MiB) with
+ *    malloc or libc's mmap (both seen by UCX's hooks), fill them with the
+ *    round's pattern, tag send them to a receive buffer allocated once,
+ *    check every word there, free them. The same address comes back (mmap:
+ *    the hole just unmapped; malloc: glibc's dynamic mmap threshold serves
+ *    a size mmap'd once from the heap after its first free, so sizes up to
+ *    32 MiB stop being unmapped at all). Prints
+ *      churn: <kernel|hooks> alloc=A size=S rounds=N: U us/round (R rounds/s) ...
+ *      CHURN alloc=A size=S rounds=N us_round=U us_send=.. med_round=..
+ *            med_send=.. us_alloc=.. us_free=.. stale=.. wrong=.. ...
+ *    (us_*: means per round; med_*: medians over the rounds; alloc includes
+ *    the fill, send the receive and its completion.)
+ *    stale: the receiver got the previous round's bytes; wrong: neither.
+ *
  * Exit: 0 if every data check passed (and, with --component, no round was
- * stale or corrupt); 1 otherwise; 77 when UCP has no usable transport.
+ * stale or corrupt; with --churn: every round ran and, with --component,
+ * none was stale or wrong); 1 otherwise; 77 when UCP has no usable
+ * transport.
  */
 #include <ucp/api/ucp.h>
 
@@ -31,6 +50,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -446,6 +466,105 @@ remap_result remap_rounds(peers &p, int rounds, bool other_thread)
     return r;
 }
 
+
+/* Churn rounds: a cheaper pattern than fill()'s (one 64-bit store per word),
+ * so that a round's time is mostly UCP's. */
+void fill_words(void *buf, size_t len, uint64_t seed)
+{
+    uint64_t *w = static_cast<uint64_t*>(buf);
+    for (size_t i = 0; i < len / 8; ++i) {
+        w[i] = (seed << 40) ^ (i * 0x9e3779b97f4a7c15ull);
+    }
+}
+
+bool words_ok(const void *buf, size_t len, uint64_t seed)
+{
+    const uint64_t *w = static_cast<const uint64_t*>(buf);
+    for (size_t i = 0; i < len / 8; ++i) {
+        if (w[i] != ((seed << 40) ^ (i * 0x9e3779b97f4a7c15ull))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+struct churn_result {
+    int    rounds = 0, stale = 0, wrong = 0, failed = 0, same_address = 0;
+    double us_total = 0, us_alloc = 0, us_send = 0, us_check = 0, us_free = 0;
+    std::vector<double> round_us, send_us; /* per timed round */
+};
+
+/* Median of v (0 when empty); reorders v. */
+double median_of(std::vector<double> &v)
+{
+    if (v.empty()) {
+        return 0;
+    }
+    std::sort(v.begin(), v.end());
+    size_t n = v.size();
+    return (n % 2) ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
+                          bool use_malloc)
+{
+    using clock = std::chrono::steady_clock;
+    auto us = [](clock::time_point a, clock::time_point b) {
+        return std::chrono::duration<double, std::micro>(b - a).count();
+    };
+    churn_result r;
+    r.round_us.reserve(rounds);
+    r.send_us.reserve(rounds);
+    void *rbuf = libc_mmap(len);
+    if (rbuf == MAP_FAILED) {
+        r.failed = rounds;
+        return r;
+    }
+    memset(rbuf, 0, len);
+    void *last = nullptr;
+    uint64_t seed = 1;
+
+    for (int round = -warmup; round < rounds; ++round, ++seed) {
+        bool timed = (round >= 0);
+        auto t0 = clock::now();
+        void *buf = use_malloc ? std::malloc(len) : libc_mmap(len);
+        if ((buf == nullptr) || (buf == MAP_FAILED)) {
+            r.failed += timed;
+            continue;
+        }
+        fill_words(buf, len, seed);
+        auto t1 = clock::now();
+        bool sent = p.tag(buf, rbuf, len, 0x3000 + (seed & 0xfff));
+        auto t2 = clock::now();
+        bool ok   = sent && words_ok(rbuf, len, seed);
+        bool old  = !ok && sent && words_ok(rbuf, len, seed - 1);
+        auto t3 = clock::now();
+        if (use_malloc) {
+            std::free(buf);
+        } else {
+            munmap(buf, len);
+        }
+        auto t4 = clock::now();
+        if (timed) {
+            ++r.rounds;
+            r.same_address += (buf == last);
+            r.failed       += !sent;
+            r.stale        += old;
+            r.wrong        += sent && !ok && !old;
+            r.us_alloc     += us(t0, t1);
+            r.us_send      += us(t1, t2);
+            r.us_check     += us(t2, t3);
+            r.us_free      += us(t3, t4);
+            r.us_total     += us(t0, t4);
+            r.round_us.push_back(us(t0, t4));
+            r.send_us.push_back(us(t1, t2));
+        }
+        last = buf;
+    }
+    munmap(rbuf, len);
+    return r;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -453,6 +572,10 @@ int main(int argc, char **argv)
     const char *component = nullptr;
     int rounds = 20;
     bool data = true, remaps = true;
+    int churn = -1, warmup = 5;
+    bool bad = false;
+    size_t size = 1 << 20;
+    std::string alloc = "mmap";
 
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
@@ -464,11 +587,28 @@ int main(int argc, char **argv)
             data = false;
         } else if (a == "--no-remap") {
             remaps = false;
+        } else if ((a == "--churn") && (i + 1 < argc)) {
+            churn = std::atoi(argv[++i]);
+        } else if ((a == "--warmup") && (i + 1 < argc)) {
+            warmup = std::atoi(argv[++i]);
+        } else if ((a == "--size") && (i + 1 < argc)) {
+            size = std::strtoull(argv[++i], nullptr, 0);
+        } else if ((a == "--alloc") && (i + 1 < argc)) {
+            alloc = argv[++i];
         } else {
-            std::fprintf(stderr, "usage: ucp_data [--component LIB] "
-                         "[--rounds N] [--no-data] [--no-remap]\n");
-            return 2;
+            bad = true;
         }
+    }
+    if (bad || (churn < -1) || (warmup < 0) || (size < 8) || (size % 8 != 0) ||
+        ((alloc != "mmap") && (alloc != "malloc"))) {
+        std::fprintf(stderr, "usage: ucp_data [--component LIB] "
+                     "[--rounds N] [--no-data] [--no-remap]\n"
+                     "       ucp_data [--component LIB] --churn N [--size S "
+                     "(a multiple of 8)] [--alloc malloc|mmap] [--warmup W]\n");
+        return 2;
+    }
+    if (churn >= 0) {
+        data = remaps = false;
     }
 
     const char *label = "hooks";
@@ -530,6 +670,35 @@ int main(int argc, char **argv)
                       std::string("no stale data through ib_regcache (") +
                       (other ? "other" : "same") + " thread)");
             }
+        }
+    }
+
+    if (churn >= 0) {
+        churn_result r = churn_rounds(p, churn, warmup, size, alloc == "malloc");
+        double n = r.rounds ? r.rounds : 1;
+        double med_round = median_of(r.round_us), med_send = median_of(r.send_us);
+        std::printf("churn: %s alloc=%s size=%zu rounds=%d (after %d untimed): "
+                    "%.1f us/round (%.1f rounds/s), median round %.1f us; "
+                    "mean per round: alloc+fill %.1f us, send %.1f us (median "
+                    "%.1f), check %.1f us, free %.1f us\n",
+                    label, alloc.c_str(), size, r.rounds, warmup,
+                    r.us_total / n, r.us_total ? 1e6 * r.rounds / r.us_total : 0,
+                    med_round, r.us_alloc / n, r.us_send / n, med_send,
+                    r.us_check / n, r.us_free / n);
+        std::printf("%s: churn %s %zu B: %d of %d rounds stale (%d wrong, "
+                    "%d failed), same address %d of %d\n", label,
+                    alloc.c_str(), size, r.stale, r.rounds, r.wrong, r.failed,
+                    r.same_address, r.rounds);
+        std::printf("CHURN alloc=%s size=%zu rounds=%d us_round=%.2f "
+                    "us_send=%.2f med_round=%.2f med_send=%.2f us_alloc=%.2f "
+                    "us_free=%.2f stale=%d wrong=%d failed=%d same_address=%d\n",
+                    alloc.c_str(), size, r.rounds, r.us_total / n,
+                    r.us_send / n, med_round, med_send, r.us_alloc / n,
+                    r.us_free / n, r.stale, r.wrong, r.failed, r.same_address);
+        check((r.failed == 0) && (r.rounds == churn), "churn rounds ran");
+        if (component != nullptr) {
+            check((r.stale == 0) && (r.wrong == 0),
+                  "no stale data through ib_regcache (churn)");
         }
     }
 
