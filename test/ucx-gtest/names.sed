@@ -32,3 +32,11 @@ s/^    ucs_status_t status = uct_config_modify(m_md_config, name.c_str(), value.
         !strcmp(kreg_cmpt_attr.name, "ib_regcache")) {\
         status = uct_config_modify(m_md_config, ("IB_" + name).c_str(), value.c_str());\
     }/
+# the same in uct_test::modify_config (the entities' md config: GID_INDEX,
+# REG_METHODS, REG_MT_THRESH, INDIRECT_ATOMIC, MLX5_DEVX, ...)
+s/^        status = uct_config_modify(m_md_config, name.c_str(), value.c_str());$/&\
+        if ((status == UCS_ERR_NO_ELEM) \&\&\
+            (GetParam()->component_name == "ib_regcache")) {\
+            status = uct_config_modify(m_md_config, ("IB_" + name).c_str(),\
+                                       value.c_str());\
+        }/
