@@ -178,9 +178,18 @@ StressResult stress(unsigned rounds_per_thread, bool use_malloc)
             } else {
                 p = map_with_token(s.addr, len, MAP_FIXED_NOREPLACE);
                 if (p != s.addr) {
-                    /* the other thread's unmap is not complete yet */
+                    /* The slot's last holder unmapped it before it let go,
+                     * so a foreign mapping took the address (under ASan its
+                     * allocator's, for one) and would fail every round:
+                     * move the slot to a hole the kernel picks. */
                     if (p != nullptr) {
                         munmap(p, len);
+                    }
+                    void *hole = mmap(nullptr, 2 * len, PROT_NONE,
+                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                    if (hole != MAP_FAILED) {
+                        munmap(hole, 2 * len);
+                        s.addr = hole;
                     }
                     s.busy = 0;
                     continue;
