@@ -22,6 +22,8 @@
  * corrupt; 1 otherwise (every rank exits with the same status).
  */
 #define _GNU_SOURCE
+#include "test_buffers.h"
+
 #include <mpi.h>
 
 #include <dlfcn.h>
@@ -30,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #define REMAP_LEN   (1u << 20)
@@ -38,60 +39,6 @@
 #define TAG_FIRST   1000
 #define TAG_FLAG    2000
 #define TAG_SECOND  3000
-
-static uint8_t pattern(uint32_t seed, size_t i)
-{
-    uint32_t x = seed * 2654435761u + (uint32_t)(i / 251) * 40503u;
-    return (uint8_t)((x >> 13) ^ (uint32_t)i ^ seed);
-}
-
-static void fill(void *buf, size_t len, uint32_t seed)
-{
-    uint8_t *p = buf;
-    for (size_t i = 0; i < len; ++i) {
-        p[i] = pattern(seed, i);
-    }
-}
-
-/* index of the first byte that differs from the pattern, len if none */
-static size_t first_bad(const void *buf, size_t len, uint32_t seed)
-{
-    const uint8_t *p = buf;
-    for (size_t i = 0; i < len; ++i) {
-        if (p[i] != pattern(seed, i)) {
-            return i;
-        }
-    }
-    return len;
-}
-
-static void *libc_mmap(size_t len)
-{
-    return mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                -1, 0);
-}
-
-/* Unmaps buf by the raw syscall and maps fresh anonymous memory at the same
- * address (MAP_FIXED_NOREPLACE: another thread of the MPI library may have
- * taken it meanwhile); 0 if that happened and buf is gone. */
-static int raw_remap(void *buf, size_t len)
-{
-    long r;
-
-    if (syscall(SYS_munmap, buf, len) != 0) {
-        return 0;
-    }
-    r = syscall(SYS_mmap, buf, len, PROT_READ | PROT_WRITE,
-                MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0L);
-    if ((r < 0) && (r > -4096)) {
-        return 0;
-    }
-    if ((void*)r != buf) {
-        syscall(SYS_munmap, (void*)r, len); /* a kernel that ignored the flag */
-        return 0;
-    }
-    return 1;
-}
 
 /* "kernel" if the ib_regcache component is loaded and running */
 static int component_loaded(void)
@@ -137,7 +84,7 @@ int main(int argc, char **argv)
     /* 1. data */
     for (k = 0; k < NSIZES; ++k) {
         size_t len = sizes[k];
-        uint8_t *buf = libc_mmap(len);
+        uint8_t *buf = kreg_libc_mmap(len);
         int rep;
 
         if (buf == MAP_FAILED) {
@@ -147,7 +94,7 @@ int main(int argc, char **argv)
         for (rep = 0; rep < 2; ++rep) {
             uint32_t seed = 7 + 2 * k + rep;
             if (rank == 0) {
-                fill(buf, len, seed);
+                kreg_fill(buf, len, seed);
                 MPI_Send(buf, (int)len, MPI_BYTE, 1, TAG_DATA + k, MPI_COMM_WORLD);
             } else {
                 MPI_Status st;
@@ -158,7 +105,7 @@ int main(int argc, char **argv)
                 MPI_Recv(buf, (int)len, MPI_BYTE, 0, TAG_DATA + k, MPI_COMM_WORLD,
                          &st);
                 MPI_Get_count(&st, MPI_BYTE, &count);
-                bad = first_bad(buf, len, seed);
+                bad = kreg_first_bad(buf, len, seed);
                 if ((count != (int)len) || (bad != len)) {
                     printf("error: data %zu B send %d: %d bytes received, byte "
                            "%zu wrong\n", len, rep + 1, count, bad);
@@ -173,30 +120,30 @@ int main(int argc, char **argv)
     if (rank == 0) {
         for (i = 0; i < rounds; ++i) {
             uint32_t old_seed = 1000 + 2 * i, new_seed = old_seed + 1;
-            void *buf = libc_mmap(REMAP_LEN);
+            void *buf = kreg_libc_mmap(REMAP_LEN);
             int remapped;
 
             if (buf == MAP_FAILED) {
                 perror("mmap");
                 MPI_Abort(MPI_COMM_WORLD, 1);
             }
-            fill(buf, REMAP_LEN, old_seed);
+            kreg_fill(buf, REMAP_LEN, old_seed);
             MPI_Send(buf, REMAP_LEN, MPI_BYTE, 1, TAG_FIRST + i, MPI_COMM_WORLD);
-            remapped = raw_remap(buf, REMAP_LEN);
+            remapped = kreg_raw_remap(buf, REMAP_LEN);
             if (!remapped) {
-                buf = libc_mmap(REMAP_LEN); /* not a round: new bytes elsewhere */
+                buf = kreg_libc_mmap(REMAP_LEN); /* not a round: new bytes elsewhere */
                 if (buf == MAP_FAILED) {
                     perror("mmap");
                     MPI_Abort(MPI_COMM_WORLD, 1);
                 }
             }
-            fill(buf, REMAP_LEN, new_seed);
+            kreg_fill(buf, REMAP_LEN, new_seed);
             MPI_Send(&remapped, 1, MPI_INT, 1, TAG_FLAG + i, MPI_COMM_WORLD);
             MPI_Send(buf, REMAP_LEN, MPI_BYTE, 1, TAG_SECOND + i, MPI_COMM_WORLD);
             munmap(buf, REMAP_LEN);
         }
     } else {
-        uint8_t *rbuf = libc_mmap(REMAP_LEN); /* one receive buffer: never reused */
+        uint8_t *rbuf = kreg_libc_mmap(REMAP_LEN); /* one receive buffer: never reused */
 
         if (rbuf == MAP_FAILED) {
             perror("mmap");
@@ -210,7 +157,7 @@ int main(int argc, char **argv)
             memset(rbuf, 0, REMAP_LEN);
             MPI_Recv(rbuf, REMAP_LEN, MPI_BYTE, 0, TAG_FIRST + i, MPI_COMM_WORLD,
                      MPI_STATUS_IGNORE);
-            bad = first_bad(rbuf, REMAP_LEN, old_seed);
+            bad = kreg_first_bad(rbuf, REMAP_LEN, old_seed);
             if (bad != REMAP_LEN) {
                 printf("error: round %d: the first send (before the remap) has "
                        "byte %zu wrong\n", i, bad);
@@ -221,10 +168,10 @@ int main(int argc, char **argv)
             memset(rbuf, 0, REMAP_LEN);
             MPI_Recv(rbuf, REMAP_LEN, MPI_BYTE, 0, TAG_SECOND + i, MPI_COMM_WORLD,
                      MPI_STATUS_IGNORE);
-            if (first_bad(rbuf, REMAP_LEN, new_seed) == REMAP_LEN) {
+            if (kreg_first_bad(rbuf, REMAP_LEN, new_seed) == REMAP_LEN) {
                 /* current */
             } else if (remapped &&
-                       (first_bad(rbuf, REMAP_LEN, old_seed) == REMAP_LEN)) {
+                       (kreg_first_bad(rbuf, REMAP_LEN, old_seed) == REMAP_LEN)) {
                 ++res[1];
             } else {
                 ++res[2];

@@ -43,11 +43,12 @@
  * none was stale or wrong); 1 otherwise; 77 when UCP has no usable
  * transport.
  */
+#include "test_buffers.h"
+
 #include <ucp/api/ucp.h>
 
 #include <dlfcn.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,6 +62,10 @@
 #include <thread>
 #include <vector>
 
+/* Every buffer but the remapped one comes from libc's mmap, which UCX's
+ * hooks see, so that only the raw syscalls of a remap can leave a stale
+ * entry (a receive buffer at a reused address would go stale with stock UCX
+ * too). */
 namespace {
 
 int g_failures;
@@ -72,52 +77,6 @@ void check(bool ok, const std::string &what)
     if (!ok) {
         ++g_failures;
     }
-}
-
-uint8_t pattern(uint32_t seed, size_t i)
-{
-    return (uint8_t)(seed * 0x9e3779b1u + i * 131u + (i >> 12) * 7u);
-}
-
-void fill(void *buf, size_t len, uint32_t seed)
-{
-    uint8_t *p = static_cast<uint8_t*>(buf);
-    for (size_t i = 0; i < len; ++i) {
-        p[i] = pattern(seed, i);
-    }
-}
-
-/* Index of the first byte that differs from the pattern, or len. */
-size_t first_bad(const void *buf, size_t len, uint32_t seed)
-{
-    const uint8_t *p = static_cast<const uint8_t*>(buf);
-    for (size_t i = 0; i < len; ++i) {
-        if (p[i] != pattern(seed, i)) {
-            return i;
-        }
-    }
-    return len;
-}
-
-/* libc's mmap/munmap, which UCX's hooks see: every buffer but the remapped
- * one, so that only the raw syscalls of the remap can leave a stale entry
- * (a receive buffer at a reused address would go stale with stock UCX too). */
-void *libc_mmap(size_t len)
-{
-    return mmap(nullptr, len, PROT_READ | PROT_WRITE,
-                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-}
-
-void *raw_mmap(void *addr, size_t len, int flags)
-{
-    long r = syscall(SYS_mmap, addr, len, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0L);
-    return (r < 0 && r > -4096) ? MAP_FAILED : reinterpret_cast<void*>(r);
-}
-
-int raw_munmap(void *addr, size_t len)
-{
-    return (int)syscall(SYS_munmap, addr, len);
 }
 
 struct completion {
@@ -321,9 +280,9 @@ void data_tests(peers &p)
 
     for (size_t len : sizes) {
         std::vector<uint8_t> sbuf(len), rbuf(len, 0);
-        fill(sbuf.data(), len, seed);
+        kreg_fill(sbuf.data(), len, seed);
         bool ok = p.tag(sbuf.data(), rbuf.data(), len, t++);
-        size_t bad = ok ? first_bad(rbuf.data(), len, seed) : 0;
+        size_t bad = ok ? kreg_first_bad(rbuf.data(), len, seed) : 0;
         if (ok && (bad != len)) {
             std::printf("error: byte %zu differs\n", bad);
         }
@@ -335,7 +294,7 @@ void data_tests(peers &p)
     /* RMA: worker 1's memory, mapped by UCP, its rkey packed and unpacked
      * on worker 0's endpoint. */
     const size_t len = 1 << 20;
-    void *target = libc_mmap(len);
+    void *target = kreg_libc_mmap(len);
     std::vector<uint8_t> local(len);
     ucp_mem_map_params_t mp = {};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
@@ -360,15 +319,15 @@ void data_tests(peers &p)
     if (keys) {
         uint64_t raddr = reinterpret_cast<uintptr_t>(target);
         memset(target, 0, len);
-        fill(local.data(), len, seed);
+        kreg_fill(local.data(), len, seed);
         bool ok = p.rma(true, local.data(), len, raddr, rkey);
-        check(ok && (first_bad(target, len, seed) == len),
+        check(ok && (kreg_first_bad(target, len, seed) == len),
               "ucp_put_nbx 1 MiB, every byte");
         ++seed;
-        fill(target, len, seed);
+        kreg_fill(target, len, seed);
         memset(local.data(), 0, len);
         ok = p.rma(false, local.data(), len, raddr, rkey);
-        check(ok && (first_bad(local.data(), len, seed) == len),
+        check(ok && (kreg_first_bad(local.data(), len, seed) == len),
               "ucp_get_nbx 1 MiB, every byte");
         ucp_rkey_destroy(rkey);
     }
@@ -380,50 +339,33 @@ struct remap_result {
     int stale = 0, corrupt = 0, failed = 0, retries = 0;
 };
 
-/* Unmaps buf by the raw syscall and maps fresh anonymous memory at the same
- * address; false if another mapping took the address meanwhile. */
-bool remap(void *buf, size_t len)
-{
-    if (raw_munmap(buf, len) != 0) {
-        return false;
-    }
-    void *again = raw_mmap(buf, len, MAP_FIXED_NOREPLACE);
-    if (again == buf) {
-        return true;
-    }
-    if (again != MAP_FAILED) {
-        raw_munmap(again, len); /* an old kernel that ignored the flag */
-    }
-    return false;
-}
-
 remap_result remap_rounds(peers &p, int rounds, bool other_thread)
 {
     const size_t len = 1 << 20;
     remap_result r;
-    void *rbuf = libc_mmap(len);
+    void *rbuf = kreg_libc_mmap(len);
     uint32_t seed = 1000;
 
     for (int round = 0; round < rounds; ++round) {
         /* Each round starts and ends through libc's mmap/munmap, which UCX's
          * hooks see too: a round's first send is current for both, and only
          * the raw syscalls in between can leave a stale registration. */
-        void *buf = libc_mmap(len);
+        void *buf = kreg_libc_mmap(len);
         if ((buf == MAP_FAILED) || (rbuf == MAP_FAILED)) {
             ++r.failed;
             continue;
         }
         uint32_t old_seed = seed++, new_seed = seed++;
-        fill(buf, len, old_seed);
+        kreg_fill(buf, len, old_seed);
         if (!p.tag(buf, rbuf, len, 0x1000 + round) ||
-            (first_bad(rbuf, len, old_seed) != len)) {
+            (kreg_first_bad(rbuf, len, old_seed) != len)) {
             std::printf("error: round %d: the first send did not carry its "
                         "bytes (byte %zu: 0x%02x, want 0x%02x; previous round's "
-                        "%s)\n", round, first_bad(rbuf, len, old_seed),
-                        static_cast<uint8_t*>(rbuf)[first_bad(rbuf, len, old_seed)],
-                        pattern(old_seed, first_bad(rbuf, len, old_seed)),
-                        (first_bad(rbuf, len, old_seed - 1) == len) ? "new bytes" :
-                        (first_bad(rbuf, len, old_seed - 2) == len) ? "old bytes" :
+                        "%s)\n", round, kreg_first_bad(rbuf, len, old_seed),
+                        static_cast<uint8_t*>(rbuf)[kreg_first_bad(rbuf, len, old_seed)],
+                        kreg_pattern(old_seed, kreg_first_bad(rbuf, len, old_seed)),
+                        (kreg_first_bad(rbuf, len, old_seed - 1) == len) ? "new bytes" :
+                        (kreg_first_bad(rbuf, len, old_seed - 2) == len) ? "old bytes" :
                         "neither");
             ++r.failed;
             munmap(buf, len);
@@ -432,10 +374,10 @@ remap_result remap_rounds(peers &p, int rounds, bool other_thread)
 
         bool mapped;
         if (other_thread) {
-            std::thread th([&] { mapped = remap(buf, len); });
+            std::thread th([&] { mapped = kreg_raw_remap(buf, len); });
             th.join();
         } else {
-            mapped = remap(buf, len);
+            mapped = kreg_raw_remap(buf, len);
         }
         if (!mapped) {
             /* someone else took the address: not a round, try again */
@@ -447,13 +389,13 @@ remap_result remap_rounds(peers &p, int rounds, bool other_thread)
             }
             continue;
         }
-        fill(buf, len, new_seed);
+        kreg_fill(buf, len, new_seed);
         memset(rbuf, 0, len);
         if (!p.tag(buf, rbuf, len, 0x2000 + round)) {
             ++r.failed;
-        } else if (first_bad(rbuf, len, new_seed) == len) {
+        } else if (kreg_first_bad(rbuf, len, new_seed) == len) {
             /* current */
-        } else if (first_bad(rbuf, len, old_seed) == len) {
+        } else if (kreg_first_bad(rbuf, len, old_seed) == len) {
             ++r.stale;
         } else {
             ++r.corrupt;
@@ -467,7 +409,7 @@ remap_result remap_rounds(peers &p, int rounds, bool other_thread)
 }
 
 
-/* Churn rounds: a cheaper pattern than fill()'s (one 64-bit store per word),
+/* Churn rounds: a cheaper pattern than kreg_fill()'s (one 64-bit store per word),
  * so that a round's time is mostly UCP's. */
 void fill_words(void *buf, size_t len, uint64_t seed)
 {
@@ -515,7 +457,7 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
     churn_result r;
     r.round_us.reserve(rounds);
     r.send_us.reserve(rounds);
-    void *rbuf = libc_mmap(len);
+    void *rbuf = kreg_libc_mmap(len);
     if (rbuf == MAP_FAILED) {
         r.failed = rounds;
         return r;
@@ -527,7 +469,7 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
     for (int round = -warmup; round < rounds; ++round, ++seed) {
         bool timed = (round >= 0);
         auto t0 = clock::now();
-        void *buf = use_malloc ? std::malloc(len) : libc_mmap(len);
+        void *buf = use_malloc ? std::malloc(len) : kreg_libc_mmap(len);
         if ((buf == nullptr) || (buf == MAP_FAILED)) {
             r.failed += timed;
             continue;

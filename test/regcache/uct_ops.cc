@@ -21,6 +21,7 @@
  * Exits 77 ("skip: ...") when the component is not registered or has no
  * verbs device (the host).
  */
+#include "test_buffers.h"
 #include "uct_component.h"
 
 #include <ucm_kernel/ucm_kernel.h>
@@ -29,7 +30,6 @@
 #include <gtest/gtest.h>
 
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -617,13 +617,8 @@ protected:
         EXPECT_BYTES(xfer(buf, old_memh, n), expected(n, 1)) << " (first send)";
 
         /* raw syscalls: no UCM hook sees these, only the kernel does */
-        ASSERT_EQ(0, syscall(SYS_munmap, buf, len));
-        void *again = reinterpret_cast<void*>(
-            syscall(SYS_mmap, buf, len, PROT_READ | PROT_WRITE,
-                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0));
-        if (again != buf) {
+        if (!kreg_raw_remap(buf, len)) {
             uct_md_mem_dereg(s.md, old_memh);
-            if (again != MAP_FAILED) munmap(again, len);
             GTEST_SKIP() << "the address was taken before it could be mapped again";
         }
         fill(buf, len, 2);
