@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR MIT */
+/*
+ * kreg_notifier: the user-space interface of the ucx-kreg notifier module.
+ *
+ * A process opens KREG_NF_DEVICE (one descriptor per process is enough),
+ * maps the counter array read-only (offset 0, KREG_NF_IOC_INFO gives the
+ * size) and registers address ranges with KREG_NF_IOC_REGISTER. The module
+ * puts an mmu_interval_notifier on each range; whenever the kernel is about
+ * to change which pages back any part of it (munmap, mremap in every form,
+ * madvise DONTNEED/FREE/REMOVE, truncate or hole punch of shared memory,
+ * migration, exit), the notifier bumps the range's counter, in the changing
+ * thread, before the change, and queues the range for read(). Changes that
+ * leave the pages in place (mprotect, soft-dirty clearing) bump nothing.
+ *
+ * A cached registration is current iff its slot's counter still holds the
+ * value returned by REGISTER: one load, no system call.
+ *
+ * The descriptor belongs to the address space (mm) that opened it: after a
+ * fork the child gets -EPERM from every call on the inherited descriptor and
+ * no copy of the counter mapping; it opens its own.
+ */
+#ifndef _UAPI_KREG_NOTIFIER_H
+#define _UAPI_KREG_NOTIFIER_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define KREG_NF_DEVICE       "/dev/kreg_notifier"
+#define KREG_NF_ABI_VERSION  1
+
+/* KREG_NF_IOC_INFO (out) */
+struct kreg_nf_info {
+	__u32 abi_version;   /* KREG_NF_ABI_VERSION */
+	__u32 max_ranges;    /* slots of this descriptor: 0 .. max_ranges-1 */
+	__u64 counters_size; /* bytes to mmap at offset 0 (page multiple):
+				__u64 counters[max_ranges] */
+};
+
+/* KREG_NF_IOC_REGISTER (in/out) */
+struct kreg_nf_register {
+	__u64 start;   /* in: page aligned, start + len must not wrap and must
+			  lie below the top of user space */
+	__u64 len;     /* in: a non-zero multiple of the page size */
+	__u32 flags;   /* in: 0 */
+	__u32 slot;    /* out: index into the counter array */
+	__u64 counter; /* out: the slot's counter after registration, never 0;
+			  any later change of the range's pages moves it */
+};
+
+/* KREG_NF_IOC_UNREGISTER (in). Bumps the slot's counter, so an old
+ * snapshot never matches a later user of the slot. */
+struct kreg_nf_unregister {
+	__u32 slot;
+	__u32 flags;   /* 0 */
+};
+
+/* read() returns whole records: ranges whose counter moved, each slot at
+ * most once until it is read. A record's range is the one registered when
+ * the change happened (the slot may have been unregistered since). */
+struct kreg_nf_event {
+	__u64 start;
+	__u64 end;
+	__u32 slot;
+	__u32 flags;   /* 0 */
+};
+
+#define KREG_NF_IOC_MAGIC      'K'
+#define KREG_NF_IOC_INFO       _IOR(KREG_NF_IOC_MAGIC, 0x40, struct kreg_nf_info)
+#define KREG_NF_IOC_REGISTER   _IOWR(KREG_NF_IOC_MAGIC, 0x41, struct kreg_nf_register)
+#define KREG_NF_IOC_UNREGISTER _IOW(KREG_NF_IOC_MAGIC, 0x42, struct kreg_nf_unregister)
+
+#endif /* _UAPI_KREG_NOTIFIER_H */
