@@ -7,6 +7,7 @@
 #define UCX_KREG_BENCH_UTIL_H
 
 #include "ucm_kernel/ucm_kernel.h"
+#include "tools/child_process.h"
 
 #include <algorithm>
 #include <atomic>
@@ -72,104 +73,79 @@ inline void escape(void *p)
 
 /* ---- one configuration per process ---------------------------------- */
 
-struct EnvSetting {
-    const char *name;
-    const char *value; /* nullptr: unset */
-};
+using kreg_tools::ChildResult;
+using kreg_tools::EnvChange;
 
-/* The environment of a kernel-source process, and of a hooks process
- * (UCX defaults: whatever the caller's environment said is dropped). */
-inline std::vector<EnvSetting> env_kernel(const char *mode)
+/* The configurations a child runs in, by name:
+ *   no_ucx, hooks   UCX's defaults (UCM installs its hooks when an rcache
+ *                   is created; no_ucx never creates one)
+ *   default         the kernel source as a user gets it: nothing set
+ *   plain           the default backend in plain mode (measurements only)
+ *   uffd, uffd-plain, notifier, notifier-plain   one backend, one mode
+ * Kernel configurations run with UCM's hooks off. */
+inline bool is_kernel_config(const std::string &name)
 {
-    return {{"UCX_KREG_MODE", mode}, {"UCX_MEM_MALLOC_HOOKS", "n"},
-            {"UCX_MEM_MMAP_HOOK_MODE", "none"}};
+    return (name != "no_ucx") && (name != "hooks");
 }
 
-inline std::vector<EnvSetting> env_hooks()
+inline std::vector<EnvChange> env_for(const std::string &name)
 {
-    return {{"UCX_KREG_MODE", nullptr}, {"UCX_MEM_MALLOC_HOOKS", nullptr},
-            {"UCX_MEM_MMAP_HOOK_MODE", nullptr}};
+    std::vector<EnvChange> env = {{"UCX_KREG_BACKEND", std::nullopt},
+                                  {"UCX_KREG_MODE", std::nullopt}};
+    if (!is_kernel_config(name)) {
+        env.push_back({"UCX_MEM_MALLOC_HOOKS", std::nullopt});
+        env.push_back({"UCX_MEM_MMAP_HOOK_MODE", std::nullopt});
+        return env;
+    }
+    env.push_back({"UCX_MEM_MALLOC_HOOKS", "n"});
+    env.push_back({"UCX_MEM_MMAP_HOOK_MODE", "none"});
+    const size_t dash     = name.find('-');
+    const std::string b   = name.substr(0, dash);
+    const bool plain_mode = (name == "plain") ||
+                            ((dash != std::string::npos) && (name.substr(dash + 1) == "plain"));
+    if ((b == "uffd") || (b == "notifier")) {
+        env[0].second = b;
+    }
+    if (plain_mode) {
+        env[1].second = "plain";
+    }
+    return env;
 }
 
-struct ChildResult {
-    int         status = -1; /* exit code, or 128+signal */
-    std::string out;         /* its stdout */
-};
-
-/* fork + exec of this very program with args and env changes; its stdout is
- * collected, its stderr passes through. */
 inline ChildResult run_self(const std::vector<std::string> &args,
-                            const std::vector<EnvSetting> &env)
+                            const std::vector<EnvChange> &env)
 {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) {
-        die("pipe");
-    }
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) {
-        die("fork");
-    }
-    if (pid == 0) {
-        dup2(fds[1], STDOUT_FILENO);
-        for (const EnvSetting &e : env) {
-            if (e.value) {
-                setenv(e.name, e.value, 1);
-            } else {
-                unsetenv(e.name);
-            }
-        }
-        std::vector<char *> argv;
-        static char self[] = "kreg-bench-child";
-        argv.push_back(self);
-        for (const std::string &a : args) {
-            argv.push_back(const_cast<char *>(a.c_str()));
-        }
-        argv.push_back(nullptr);
-        execv("/proc/self/exe", argv.data());
-        fprintf(stderr, "bench: exec /proc/self/exe: %s\n", strerror(errno));
-        _exit(127);
-    }
-    close(fds[1]);
-    ChildResult res;
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(fds[0], buf, sizeof(buf))) != 0) {
-        if (n < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            break;
-        }
-        res.out.append(buf, static_cast<size_t>(n));
-    }
-    close(fds[0]);
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-    res.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return res;
+    return kreg_tools::run_self("kreg-bench-child", args, env, 0, false);
 }
 
-/* kreg_start() and a check that the source runs in `mode` with the event
- * declared external; on failure it is stopped again. */
-inline bool kernel_start(const std::string &mode)
+/* kreg_start() and a check that the source runs as the configuration
+ * asks, with the event declared external; on failure it is stopped again.
+ * Prints "# backend: NAME mode: NAME" for the parent. */
+inline bool kernel_start(const std::string &config)
 {
     if (kreg_start() != UCS_OK) {
-        fprintf(stderr, "bench: kreg_start failed\n");
+        fprintf(stderr, "bench: kreg_start failed (%s)\n", config.c_str());
         kreg_stop();
         return false;
     }
     kreg_caps_t caps;
     kreg_query(&caps);
-    if (!caps.running || !caps.external_event || (mode != kreg_mode_str(caps.mode))) {
-        fprintf(stderr, "bench: kernel source not as asked (%s, mode %s, want %s)\n",
-                caps.running ? "running" : "not running", kreg_mode_str(caps.mode),
-                mode.c_str());
+    const std::string backend = kreg_backend_str(caps.backend);
+    const std::string mode    = kreg_mode_str(caps.mode);
+    const bool want_plain     = config.find("plain") != std::string::npos;
+    const bool backend_ok     = (config.rfind("uffd", 0) == 0) ? backend == "uffd" :
+                                (config.rfind("notifier", 0) == 0) ? backend == "notifier" :
+                                caps.running;
+    if (!caps.running || !caps.external_event || !backend_ok ||
+        (want_plain != (mode == "plain"))) {
+        fprintf(stderr, "bench: kernel source not as asked (%s, backend %s, mode %s, "
+                "want %s)\n", caps.running ? "running" : "not running",
+                backend.c_str(), mode.c_str(), config.c_str());
         kreg_stop();
         return false;
     }
+    printf("# backend: %s mode: %s (config %s: %s)\n", backend.c_str(), mode.c_str(),
+           config.c_str(), caps.why_backend);
     return true;
 }
 
@@ -263,6 +239,7 @@ inline uint64_t pfn_of(int pagemap_fd, const void *addr)
 
 struct Region {
     ucs_rcache_region_t super;
+    kreg_watch_t        watch;
     uint64_t            gen;  /* which registration this is */
     uint64_t            pfn;  /* first page at registration (root only) */
     int                 slot; /* Pinner slot, -1 if not pinned */
@@ -278,31 +255,59 @@ struct Cache {
     std::atomic<uint64_t> next_gen{0};
 };
 
+/* what kreg_register_watched calls to register (pin) and to undo it */
+struct PinArgs {
+    Cache  *c;
+    Region *r;
+};
+
+inline ucs_status_t cache_pin(void *arg, void *start, size_t len)
+{
+    auto *a    = static_cast<PinArgs *>(arg);
+    a->r->slot = -1;
+    if (a->c->pinner) {
+        a->r->slot = a->c->pinner->pin(start, len);
+        if (a->r->slot < 0) {
+            return UCS_ERR_IO_ERROR;
+        }
+    }
+    return UCS_OK;
+}
+
+inline void cache_unpin(void *arg)
+{
+    auto *a = static_cast<PinArgs *>(arg);
+    if (a->r->slot >= 0) {
+        a->c->pinner->unpin(a->r->slot);
+        a->r->slot = -1;
+    }
+}
+
 inline ucs_status_t cache_mem_reg(void *context, ucs_rcache_t *rcache, void *arg,
                                   ucs_rcache_region_t *rregion, uint16_t flags)
 {
-    Cache *c        = static_cast<Cache *>(context);
-    Region *r       = reinterpret_cast<Region *>(rregion);
-    void *start     = reinterpret_cast<void *>(rregion->super.start);
+    Cache *c         = static_cast<Cache *>(context);
+    Region *r        = reinterpret_cast<Region *>(rregion);
+    void *start      = reinterpret_cast<void *>(rregion->super.start);
     const size_t len = rregion->super.end - rregion->super.start;
-    const bool watch = c->kernel && c->watch;
+    PinArgs pin{c, r};
+    ucs_status_t st;
 
-    if (watch) {
-        kreg_reason_t why;
-        if (!kreg_watch(start, len, &why)) {
+    if (c->kernel && c->watch) {
+        st = kreg_register_watched(start, len, &r->watch, cache_pin, cache_unpin,
+                                   &pin, nullptr);
+        if (st == UCS_ERR_REJECTED) {
             c->refusals.fetch_add(1, std::memory_order_relaxed);
-            return UCS_ERR_UNSUPPORTED;
         }
+    } else {
+        static const uint64_t always = 1; /* hooks: nothing of ours to check */
+        r->watch          = kreg_watch_t{};
+        r->watch.counter  = &always;
+        r->watch.snapshot = always;
+        st                = cache_pin(&pin, start, len);
     }
-    r->slot = -1;
-    if (c->pinner) {
-        r->slot = c->pinner->pin(start, len);
-        if (r->slot < 0) {
-            if (watch) {
-                kreg_unwatch(start, len);
-            }
-            return UCS_ERR_IO_ERROR;
-        }
+    if (st != UCS_OK) {
+        return st;
     }
     r->pfn = pfn_of(c->pagemap, start);
     r->gen = ++c->next_gen;
@@ -315,12 +320,10 @@ inline void cache_mem_dereg(void *context, ucs_rcache_t *rcache,
 {
     Cache *c  = static_cast<Cache *>(context);
     Region *r = reinterpret_cast<Region *>(rregion);
-    if (r->slot >= 0) {
-        c->pinner->unpin(r->slot);
-    }
+    PinArgs pin{c, r};
+    cache_unpin(&pin);
     if (c->kernel && c->watch) {
-        kreg_unwatch(reinterpret_cast<void *>(rregion->super.start),
-                     rregion->super.end - rregion->super.start);
+        kreg_unwatch(&r->watch);
     }
     c->deregs.fetch_add(1, std::memory_order_relaxed);
 }
@@ -372,15 +375,15 @@ inline void cache_destroy(Cache *c)
     }
 }
 
-/* The lookup of a kernel-watched md: prepare, then get. */
+/* The lookup of a kernel-watched md (kreg_rcache_get), or UCX's own. */
 inline ucs_status_t cache_get(Cache *c, void *addr, size_t len, Region **r)
 {
-    if (c->kernel) {
-        kreg_prepare_lookup(addr, len);
-    }
     ucs_rcache_region_t *rr = nullptr;
-    ucs_status_t st = ucs_rcache_get(c->rc, addr, len, PROT_READ | PROT_WRITE,
-                                     nullptr, &rr);
+    ucs_status_t st =
+            c->kernel ? kreg_rcache_get(c->rc, addr, len, PROT_READ | PROT_WRITE,
+                                        nullptr, offsetof(Region, watch), &rr) :
+                        ucs_rcache_get(c->rc, addr, len, PROT_READ | PROT_WRITE,
+                                       nullptr, &rr);
     *r = reinterpret_cast<Region *>(rr);
     return st;
 }

@@ -7,18 +7,22 @@
  * Every configuration runs in its own child process (hooks and UCX's
  * external-event declaration are process-global): "no_ucx" never calls into
  * UCX, "hooks" is a plain ucs_rcache with UCX's default UCM settings (malloc
- * and mmap hooks installed), "plain", "sync" and "verify" are kernel-source
- * processes (kreg_start() before the rcache, UCX_MEM_MALLOC_HOOKS=n,
- * UCX_MEM_MMAP_HOOK_MODE=none, UCX_KREG_MODE=<mode>). The parent runs the
- * children in turn, rotating their order each run, and prints for every
- * figure the median over the runs of the ratio measured within one run:
+ * and mmap hooks installed), "default" is the kernel source as a user gets
+ * it with nothing set (the notifier where its module is loaded, else
+ * userfaultfd; exact), "plain" the same backend in plain mode, and where the
+ * notifier is the default, "uffd" the userfaultfd backend beside it (see
+ * bench_util.h, env_for). Kernel processes run with UCM's hooks off. The
+ * parent runs the children in turn, rotating their order each run, and
+ * prints for every figure the median over the runs of the ratio measured
+ * within one run:
  *
- *   P1 <workload>.<kernel|hooks>/no_ucx <ratio>   unregistered malloc/mmap
+ *   # backend: NAME mode: NAME                     what "default" is here
+ *   P1 <workload>.<default|hooks>/no_ucx <ratio>   unregistered malloc/mmap
  *      (malloc_free_300k, malloc_touch_free_300k, mmap_munmap_4k, _1m)
- *   P2 hit_<size>.<mode>/hooks <ratio>            cache hit (lookup+get+put)
- *   P3 munmap_1m[_to_rcache].kernel/hooks <ratio> freeing a cached buffer
- *   P4 miss_64k.watch/nowatch <ratio>             watch cost in a miss
- *   # raw ...                                     medians in ns per op
+ *   P2 hit_<size>.<config>/hooks <ratio>           cache hit (lookup+get+put)
+ *   P3 munmap_1m[_to_rcache].<config>/hooks <ratio> freeing a cached buffer
+ *   P4 miss_64k.<config>/nowatch <ratio>           the watch in a miss
+ *   # raw ...                                      medians in ns per op
  *
  * See bench/README.md for what each figure measures. Nothing is asserted:
  * the exit code is non-zero only if a child failed or a check inside a
@@ -325,7 +329,7 @@ int child(const std::string &config)
         p1();
         return 0;
     }
-    const bool kernel = config != "hooks";
+    const bool kernel = is_kernel_config(config);
     if (kernel && !kernel_start(config)) {
         return 3;
     }
@@ -336,14 +340,15 @@ int child(const std::string &config)
         }
         return 3;
     }
-    if (config == "hooks" || config == "verify") {
+    const bool full = (config == "hooks") || (config == "default") || (config == "uffd");
+    if ((config == "hooks") || (config == "default")) {
         p1();
     }
     p2(&c);
-    if (config == "hooks" || config == "verify") {
+    if (full) {
         p3(&c);
     }
-    if (config == "verify") {
+    if (kernel && full) {
         p4();
     }
     cache_destroy(&c);
@@ -379,14 +384,16 @@ std::string loadavg()
     return s;
 }
 
-struct Figure {
-    const char *num, *key, *cfg, *base, *label;
-};
-
 int parent(int reps)
 {
-    const std::vector<std::string> cfgs = {"no_ucx", "verify", "hooks", "plain", "sync"};
+    /* "uffd" beside "default" only where the default is the notifier */
+    const bool notifier = access("/dev/kreg_notifier", R_OK | W_OK) == 0;
+    std::vector<std::string> cfgs = {"no_ucx", "default", "hooks", "plain"};
+    if (notifier) {
+        cfgs.push_back("uffd");
+    }
     std::vector<Run> runs;
+    std::string backend_line;
     int rc = 0;
     const uint64_t t0 = now_ns();
     printf("# kreg_bench: %d runs, %.0f ms per measurement, median of %d per child; "
@@ -398,22 +405,22 @@ int parent(int reps)
             std::vector<std::string> args = {"--child", cfg, "--ms",
                                              std::to_string(g_target_ms), "--inner",
                                              std::to_string(g_inner)};
-            ChildResult res = run_self(args, cfg == "hooks"  ? env_hooks() :
-                                             cfg == "no_ucx" ? env_hooks() :
-                                                               env_kernel(cfg.c_str()));
+            ChildResult res = run_self(args, env_for(cfg));
             size_t pos = 0;
-            while (pos < res.out.size()) {
-                size_t eol = res.out.find('\n', pos);
+            while (pos < res.output.size()) {
+                size_t eol = res.output.find('\n', pos);
                 if (eol == std::string::npos) {
-                    eol = res.out.size();
+                    eol = res.output.size();
                 }
-                std::string line = res.out.substr(pos, eol - pos);
+                std::string line = res.output.substr(pos, eol - pos);
                 pos = eol + 1;
                 char key[128];
                 double v;
                 if (sscanf(line.c_str(), "R %127s %lf", key, &v) == 2) {
                     run[cfg][key] = v;
-                } else if (!line.empty()) {
+                } else if ((line.rfind("# backend:", 0) == 0) && (cfg == "default")) {
+                    backend_line = line;
+                } else if (!line.empty() && (line[0] != '#')) {
                     fprintf(stderr, "[%s] %s\n", cfg.c_str(), line.c_str());
                 }
             }
@@ -425,26 +432,40 @@ int parent(int reps)
         }
         runs.push_back(run);
     }
+    if (!backend_line.empty()) {
+        printf("%s\n", backend_line.c_str());
+    }
 
-    const Figure figs[] = {
-        {"P1", "P1.malloc_free_300k", "verify", "no_ucx", "malloc_free_300k.kernel/no_ucx"},
-        {"P1", "P1.malloc_free_300k", "hooks", "no_ucx", "malloc_free_300k.hooks/no_ucx"},
-        {"P1", "P1.malloc_touch_free_300k", "verify", "no_ucx", "malloc_touch_free_300k.kernel/no_ucx"},
-        {"P1", "P1.malloc_touch_free_300k", "hooks", "no_ucx", "malloc_touch_free_300k.hooks/no_ucx"},
-        {"P1", "P1.mmap_munmap_4k", "verify", "no_ucx", "mmap_munmap_4k.kernel/no_ucx"},
-        {"P1", "P1.mmap_munmap_4k", "hooks", "no_ucx", "mmap_munmap_4k.hooks/no_ucx"},
-        {"P1", "P1.mmap_munmap_1m", "verify", "no_ucx", "mmap_munmap_1m.kernel/no_ucx"},
-        {"P1", "P1.mmap_munmap_1m", "hooks", "no_ucx", "mmap_munmap_1m.hooks/no_ucx"},
-        {"P2", "P2.hit_64k", "plain", "hooks", "hit_64k.plain/hooks"},
-        {"P2", "P2.hit_64k", "sync", "hooks", "hit_64k.sync/hooks"},
-        {"P2", "P2.hit_64k", "verify", "hooks", "hit_64k.verify/hooks"},
-        {"P2", "P2.hit_1m", "plain", "hooks", "hit_1m.plain/hooks"},
-        {"P2", "P2.hit_1m", "sync", "hooks", "hit_1m.sync/hooks"},
-        {"P2", "P2.hit_1m", "verify", "hooks", "hit_1m.verify/hooks"},
-        {"P3", "P3.munmap_1m", "verify", "hooks", "munmap_1m.kernel/hooks"},
-        {"P3", "P3.munmap_1m_to_rcache", "verify", "hooks", "munmap_1m_to_rcache.kernel/hooks"},
-        {"P4", "P4.miss_64k_watch", "verify", "verify", "miss_64k.watch/nowatch"},
+    struct Figure {
+        std::string num, key, cfg, base_cfg, base_key, label;
     };
+    std::vector<Figure> figs;
+    for (const char *w : {"malloc_free_300k", "malloc_touch_free_300k", "mmap_munmap_4k",
+                          "mmap_munmap_1m"}) {
+        for (const char *cfg : {"default", "hooks"}) {
+            figs.push_back({"P1", std::string("P1.") + w, cfg, "no_ucx",
+                            std::string("P1.") + w, std::string(w) + "." + cfg + "/no_ucx"});
+        }
+    }
+    for (const char *size : {"64k", "1m"}) {
+        for (const std::string &cfg : cfgs) {
+            if (is_kernel_config(cfg)) {
+                const std::string key = std::string("P2.hit_") + size;
+                figs.push_back({"P2", key, cfg, "hooks", key,
+                                std::string("hit_") + size + "." + cfg + "/hooks"});
+            }
+        }
+    }
+    for (const std::string &cfg : cfgs) {
+        if ((cfg == "default") || (cfg == "uffd")) {
+            for (const char *k : {"munmap_1m", "munmap_1m_to_rcache"}) {
+                figs.push_back({"P3", std::string("P3.") + k, cfg, "hooks",
+                                std::string("P3.") + k, std::string(k) + "." + cfg + "/hooks"});
+            }
+            figs.push_back({"P4", "P4.miss_64k_watch", cfg, cfg, "P4.miss_64k_nowatch",
+                            "miss_64k." + cfg + "/nowatch"});
+        }
+    }
     auto value = [](const Run &r, const std::string &cfg, const std::string &key,
                     double *v) {
         auto c = r.find(cfg);
@@ -459,32 +480,31 @@ int parent(int reps)
         return true;
     };
     for (const Figure &f : figs) {
-        const std::string base_key = std::string(f.key) == "P4.miss_64k_watch" ?
-                                             "P4.miss_64k_nowatch" :
-                                             f.key;
         std::vector<double> ratios, a, b;
         for (const Run &r : runs) {
             double x = 0, y = 0;
-            if (value(r, f.cfg, f.key, &x) && value(r, f.base, base_key, &y) && y > 0) {
+            if (value(r, f.cfg, f.key, &x) && value(r, f.base_cfg, f.base_key, &y) &&
+                y > 0) {
                 ratios.push_back(x / y);
                 a.push_back(x);
                 b.push_back(y);
             }
         }
         if (ratios.empty()) {
-            printf("%s %s n/a\n", f.num, f.label);
+            printf("%s %s n/a\n", f.num.c_str(), f.label.c_str());
             rc = 1;
             continue;
         }
         const auto mm = std::minmax_element(ratios.begin(), ratios.end());
-        printf("%s %s %.2f\n", f.num, f.label, median(ratios));
+        printf("%s %s %.2f\n", f.num.c_str(), f.label.c_str(), median(ratios));
         printf("# raw %s: %.1f ns vs %.1f ns (medians); ratio over %zu runs %.2f..%.2f\n",
-               f.label, median(a), median(b), ratios.size(), *mm.first, *mm.second);
+               f.label.c_str(), median(a), median(b), ratios.size(), *mm.first,
+               *mm.second);
     }
     /* absolute ns per hit */
     for (const char *key : {"P2.hit_64k", "P2.hit_1m"}) {
         printf("# raw %s ns per hit:", key + 3);
-        for (const char *cfg : {"hooks", "plain", "sync", "verify"}) {
+        for (const std::string &cfg : cfgs) {
             std::vector<double> v;
             for (const Run &r : runs) {
                 double x = 0;
@@ -492,7 +512,9 @@ int parent(int reps)
                     v.push_back(x);
                 }
             }
-            printf(" %s=%.1f", cfg, median(v));
+            if (!v.empty()) {
+                printf(" %s=%.1f", cfg.c_str(), median(v));
+            }
         }
         printf("\n");
     }

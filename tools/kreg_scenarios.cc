@@ -713,7 +713,7 @@ void usage(FILE *f)
 {
     fprintf(f,
             "usage: kreg_scenarios [--source hooks|kernel|none|all] "
-            "[--scenario NAME] [--thread same|other] [--mode plain|sync|verify]\n"
+            "[--scenario NAME] [--thread same|other] [--mode verify|plain]\n"
             "                      [--timeout SEC] [--verbose] [--list]\n"
             "       kreg_scenarios --one SCENARIO same|other SOURCE\n"
             "Prints '<scenario> <thread> <source> <ok|STALE|skip:why|FAIL:what>'"

@@ -44,12 +44,30 @@ static std::runtime_error sys_error(const std::string &what, int err)
 
 struct uring_rcache::region {
     ucs_rcache_region_t super; /* must be first: rcache allocates us */
-    int slot;
-    bool watched;
+    kreg_watch_t        watch; /* source::kernel only */
+    int                 slot;
 };
 
 /* The rcache ops reach the private members through this friend. */
 struct uring_rcache_ops {
+    /* what kreg_register_watched pins and unpins */
+    struct pin {
+        uring_rcache *self;
+        uring_rcache::region *r;
+        static ucs_status_t reg(void *arg, void *start, size_t len)
+        {
+            auto *p    = static_cast<pin*>(arg);
+            p->r->slot = p->self->buf_register(start, len);
+            return (p->r->slot < 0) ? UCS_ERR_IO_ERROR : UCS_OK;
+        }
+        static void dereg(void *arg)
+        {
+            auto *p = static_cast<pin*>(arg);
+            p->self->buf_unregister(p->r->slot);
+            p->r->slot = -1;
+        }
+    };
+
     static ucs_status_t mem_reg(void *ctx, ucs_rcache_t *, void *,
                                 ucs_rcache_region_t *rregion, uint16_t)
     {
@@ -57,32 +75,31 @@ struct uring_rcache_ops {
         auto *region = reinterpret_cast<uring_rcache::region*>(rregion);
         void *start  = (void*)region->super.super.start;
         size_t len   = region->super.super.end - region->super.super.start;
+        pin p{self, region};
 
-        region->slot    = -1;
-        region->watched = false;
-        if (self->m_src == source::kernel) {
-            /* Watch before pinning: a remap between the two is then seen. */
-            kreg_reason_t reason = KREG_REASON_NONE;
-            if (!kreg_watch(start, len, &reason)) {
-                ++self->m_counters.watch_refusals;
-                self->m_last_refusal = reason;
-                /* Not cached; transfer() registers uncached instead. */
-                return UCS_ERR_UNSUPPORTED;
-            }
-            region->watched = true;
+        region->slot = -1;
+        if (self->m_src != source::kernel) {
+            /* hooks and none: what UCX's md does, nothing of ours */
+            static const uint64_t always = 1;
+            region->watch          = kreg_watch_t{};
+            region->watch.counter  = &always;
+            region->watch.snapshot = always;
+            ucs_status_t st        = pin::reg(&p, start, len);
+            self->m_counters.registrations += (st == UCS_OK);
+            return st;
         }
-
-        int slot = self->buf_register(start, len);
-        if (slot < 0) {
-            if (region->watched) {
-                kreg_unwatch(start, len);
-                region->watched = false;
-            }
-            return UCS_ERR_IO_ERROR;
+        /* Watch before pinning: a remap between the two is then seen. */
+        kreg_reason_t reason = KREG_REASON_NONE;
+        ucs_status_t st = kreg_register_watched(start, len, &region->watch,
+                                                pin::reg, pin::dereg, &p, &reason);
+        if (st == UCS_ERR_REJECTED) {
+            ++self->m_counters.watch_refusals;
+            self->m_last_refusal = reason;
+            /* Not cached; transfer() registers uncached instead. */
+        } else if (st == UCS_OK) {
+            ++self->m_counters.registrations;
         }
-        region->slot = slot;
-        ++self->m_counters.registrations;
-        return UCS_OK;
+        return st;
     }
 
     static void mem_dereg(void *ctx, ucs_rcache_t *, ucs_rcache_region_t *rregion)
@@ -94,10 +111,8 @@ struct uring_rcache_ops {
             ++self->m_counters.deregistrations;
             region->slot = -1;
         }
-        if (region->watched) {
-            kreg_unwatch((void*)region->super.super.start,
-                         region->super.super.end - region->super.super.start);
-            region->watched = false;
+        if (self->m_src == source::kernel) {
+            kreg_unwatch(&region->watch);
         }
     }
 
@@ -105,8 +120,8 @@ struct uring_rcache_ops {
                             char *buf, size_t max)
     {
         auto *region = reinterpret_cast<uring_rcache::region*>(rregion);
-        snprintf(buf, max, "slot %d%s", region->slot,
-                 region->watched ? " watched" : "");
+        snprintf(buf, max, "slot %d watch slot %u", region->slot,
+                 region->watch.slot);
     }
 };
 
@@ -297,13 +312,12 @@ std::vector<unsigned char> uring_rcache::transfer(const void *addr, size_t len)
     std::vector<unsigned char> out;
     void *vaddr = const_cast<void*>(addr);
 
-    if (m_src == source::kernel) {
-        kreg_prepare_lookup(vaddr, len);
-    }
-
     uint64_t regs_before = m_counters.registrations;
     ucs_rcache_region_t *rregion;
-    ucs_status_t st = (m_rcache == nullptr) ? UCS_ERR_UNSUPPORTED :
+    ucs_status_t st = (m_rcache == nullptr) ? UCS_ERR_REJECTED :
+                      (m_src == source::kernel) ?
+                      kreg_rcache_get(m_rcache, vaddr, len, PROT_READ | PROT_WRITE,
+                                      nullptr, offsetof(region, watch), &rregion) :
                       ucs_rcache_get(m_rcache, vaddr, len,
                                      PROT_READ | PROT_WRITE, nullptr, &rregion);
     if (st == UCS_OK) {
@@ -321,7 +335,7 @@ std::vector<unsigned char> uring_rcache::transfer(const void *addr, size_t len)
         return out;
     }
 
-    if ((st != UCS_ERR_UNSUPPORTED) || (m_src != source::kernel)) {
+    if ((st != UCS_ERR_REJECTED) || (m_src != source::kernel)) {
         throw std::runtime_error(std::string("ucs_rcache_get: ") +
                                  ucs_status_string(st));
     }

@@ -1,15 +1,20 @@
 #include "monitor.h"
+
+#include "dispatch.h"
 #include "uffd.h"
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <csignal>
 #include <cstring>
 #include <ctime>
+#include <linux/futex.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <ucs/debug/log_def.h>
@@ -32,16 +37,32 @@ void update_max(std::atomic<uint64_t> &max, uint64_t v)
     }
 }
 
+/* std::atomic<uint32_t>::wait has no timeout */
+void futex_wait_for(std::atomic<uint32_t> &word, uint32_t seen, unsigned timeout_us)
+{
+    struct timespec ts = {static_cast<time_t>(timeout_us / 1000000),
+                          static_cast<long>(timeout_us % 1000000) * 1000};
+    syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word), FUTEX_WAIT_PRIVATE,
+            seen, &ts, nullptr, 0);
+}
+
+/* a before b, with wrap-around */
+bool seq_before(uint32_t a, uint32_t b)
+{
+    return static_cast<int32_t>(a - b) < 0;
+}
+
 } // namespace
 
-Monitor::Monitor(const Uffd &uffd, size_t queue_size, Dispatch dispatch) :
-    uffd_(uffd), dispatch_(dispatch), ring_(std::max<size_t>(queue_size, 16))
+Monitor::Monitor(const Uffd &uffd, size_t queue_size) :
+    uffd_(uffd), ring_(std::max<size_t>(queue_size, 16))
 {
 }
 
 Monitor::~Monitor()
 {
-    stop();
+    stop_reader();
+    stop_dispatcher();
 }
 
 bool Monitor::start(std::string *error)
@@ -51,6 +72,7 @@ bool Monitor::start(std::string *error)
         *error = std::string("eventfd: ") + strerror(errno);
         return false;
     }
+    stopping_ = false;
     /* No signal may interrupt or kill the reader: every thread blocked in
      * munmap of a watched range depends on it (hazard 5). The threads
      * inherit this mask. */
@@ -58,40 +80,42 @@ bool Monitor::start(std::string *error)
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     int rc = pthread_create(&reader_, nullptr, reader_main, this);
+    reader_running_ = (rc == 0);
     if (rc == 0) {
         rc = pthread_create(&dispatcher_, nullptr, dispatcher_main, this);
-        if (rc != 0) {
-            stopping_ = true;
-            uint64_t one = 1;
-            (void)!write(wake_fd_, &one, sizeof(one));
-            pthread_join(reader_, nullptr);
-        }
+        dispatcher_running_ = (rc == 0);
     }
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     if (rc != 0) {
         *error = std::string("pthread_create: ") + strerror(rc);
+        stop_reader();
         ::close(wake_fd_);
         wake_fd_ = -1;
         return false;
     }
     pthread_setname_np(reader_, "kreg-reader");
     pthread_setname_np(dispatcher_, "kreg-dispatch");
-    threads_ = true;
     return true;
 }
 
-void Monitor::stop()
+void Monitor::stop_reader()
 {
-    if (threads_) {
-        stopping_ = true;
+    stopping_ = true;
+    if (reader_running_) {
         uint64_t one = 1;
         (void)!write(wake_fd_, &one, sizeof(one));
         pthread_join(reader_, nullptr);
-        /* the reader is gone: wake the dispatcher for its last round */
-        wake_dispatcher_.fetch_add(1);
-        wake_dispatcher_.notify_all();
+        reader_running_ = false;
+    }
+}
+
+void Monitor::stop_dispatcher()
+{
+    stopping_ = true;
+    if (dispatcher_running_) {
+        wake_dispatcher(); /* its last round */
         pthread_join(dispatcher_, nullptr);
-        threads_ = false;
+        dispatcher_running_ = false;
     }
     if (wake_fd_ >= 0) {
         ::close(wake_fd_);
@@ -99,25 +123,11 @@ void Monitor::stop()
     }
 }
 
-void Monitor::hold_for_fork()
-{
-    fork_hold_ = true;
-    while (in_dispatch_.load()) {
-        in_dispatch_.wait(true);
-    }
-}
-
-void Monitor::release_after_fork()
-{
-    fork_hold_ = false;
-    fork_hold_.notify_all();
-}
-
-void Monitor::abandon_after_fork()
+void Monitor::forget_after_fork()
 {
     /* The threads and their locks belong to the parent; the child only
      * closes its copy of the eventfd. */
-    threads_ = false;
+    reader_running_ = dispatcher_running_ = false;
     if (wake_fd_ >= 0) {
         ::close(wake_fd_);
         wake_fd_ = -1;
@@ -134,6 +144,12 @@ void *Monitor::dispatcher_main(void *arg)
 {
     static_cast<Monitor *>(arg)->dispatch_loop();
     return nullptr;
+}
+
+void Monitor::wake_dispatcher()
+{
+    wake_dispatcher_.fetch_add(1);
+    wake_dispatcher_.notify_all();
 }
 
 bool Monitor::uffd_has_events() const
@@ -183,8 +199,9 @@ void Monitor::handle_msgs(const void *buf, size_t n)
             break;
         case UFFD_EVENT_REMAP:
             events_[KREG_EV_REMAP].fetch_add(1, std::memory_order_relaxed);
-            /* the old range moved away; whatever was cached at the new one
-             * belonged to the mapping the move replaced */
+            /* The old range moved away (with DONTUNMAP it stays mapped, on
+             * new pages); whatever was cached at the new one belonged to
+             * the mapping the move replaced. */
             push(m.arg.remap.from, m.arg.remap.from + m.arg.remap.len, 1);
             push(m.arg.remap.to, m.arg.remap.to + m.arg.remap.len, 0);
             break;
@@ -206,7 +223,7 @@ void Monitor::handle_msgs(const void *buf, size_t n)
             break;
         }
     }
-    read_seq_.fetch_add(n);
+    read_seq_.fetch_add(static_cast<uint32_t>(n));
 }
 
 void Monitor::read_loop()
@@ -262,8 +279,7 @@ void Monitor::read_loop()
         reading_.store(0);
         reading_.notify_all();
         read_seq_.notify_all();
-        wake_dispatcher_.fetch_add(1);
-        wake_dispatcher_.notify_all();
+        wake_dispatcher();
     }
 }
 
@@ -271,7 +287,7 @@ void Monitor::dispatch_loop()
 {
     std::vector<Entry> batch;
     batch.reserve(ring_.size() + 1);
-    uint64_t seen = 0;
+    uint32_t seen = 0;
 
     for (;;) {
         if (!stopping_.load()) {
@@ -294,27 +310,14 @@ void Monitor::dispatch_loop()
             read_ns = batch_read_ns_;
         }
 
-        /* fork_hold_ and in_dispatch_ are a Dekker pair with
-         * hold_for_fork(): one of the two sees the other */
-        for (;;) {
-            in_dispatch_ = true;
-            if (!fork_hold_.load()) {
-                break;
-            }
-            in_dispatch_ = false;
-            in_dispatch_.notify_all();
-            fork_hold_.wait(true);
-        }
-        uint64_t count = 0;
+        uint32_t count = 0;
         for (const Entry &e : batch) {
             if (e.start != e.end) {
-                dispatch_(e.start, e.end);
+                dispatch(e.start, e.end);
                 dispatched_.fetch_add(1, std::memory_order_relaxed);
             }
             count += e.count;
         }
-        in_dispatch_ = false;
-        in_dispatch_.notify_all();
         if (count > 0) {
             uint64_t lat = now_ns() - read_ns;
             update_max(lat_max_, lat);
@@ -337,9 +340,9 @@ void Monitor::wait_read_events()
             reading_.wait(1);
         } while (reading_.load());
     }
-    const uint64_t target = read_seq_.load();
-    uint64_t done;
-    while ((done = done_seq_.load()) < target) {
+    const uint32_t target = read_seq_.load();
+    uint32_t done;
+    while (seq_before(done = done_seq_.load(), target)) {
         sync_waits_.fetch_add(1, std::memory_order_relaxed);
         done_seq_.wait(done);
     }
@@ -350,14 +353,21 @@ void Monitor::sync()
     /* Poll first, then the mark: an event read between the two raised the
      * mark before its read (see read_loop). */
     for (;;) {
-        const uint64_t seen = read_seq_.load();
+        const uint32_t seen = read_seq_.load();
         if (!uffd_has_events()) {
             break;
         }
         sync_waits_.fetch_add(1, std::memory_order_relaxed);
-        read_seq_.wait(seen);
+        wait_read_after(seen, 1000);
     }
     wait_read_events();
+}
+
+void Monitor::wait_read_after(uint32_t seen, unsigned timeout_us)
+{
+    if (read_seq_.load() == seen) {
+        futex_wait_for(read_seq_, seen, timeout_us);
+    }
 }
 
 void Monitor::add_stats(kreg_stats_t *stats) const

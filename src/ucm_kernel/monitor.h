@@ -1,4 +1,4 @@
-/* The two threads behind the descriptor.
+/* The two threads behind the userfaultfd.
  *
  * The reader only reads: a thread in munmap of a watched range waits in the
  * kernel until its event is read, and nothing but read() stands between it
@@ -6,19 +6,19 @@
  * nothing and never blocks on dispatch; when its queue is full it merges
  * events into one wider range (wider invalidation is still correct).
  *
- * The dispatcher reports each range through ucm_vm_munmap(). That reaches
- * every rcache, whose callbacks may allocate or spin on rcache locks; were
- * that done by the reader, a thread that holds such a lock while it unmaps
- * a watched range would never be released (hazard 2 of DESIGN.md).
+ * The dispatcher reports each range through dispatch() (ucm_vm_munmap).
+ * That reaches every rcache, whose callbacks may allocate or spin on rcache
+ * locks; were that done by the reader, a thread that holds such a lock
+ * while it unmaps a watched range would never be released (deadlock,
+ * hazard 2 of DESIGN.md).
  *
  * Lookups wait on three counters: `reading` is set from before read() until
  * the events are queued, `read_seq` counts events queued, `done_seq` events
- * dispatched. */
+ * dispatched. 32-bit, so that waiting on them is a plain futex. */
 #ifndef UCX_KREG_MONITOR_H
 #define UCX_KREG_MONITOR_H
 
 #include "ucm_kernel.h"
-#include "watch_map.h"
 
 #include <atomic>
 #include <mutex>
@@ -32,26 +32,27 @@ class Uffd;
 
 class Monitor {
 public:
-    using Dispatch = void (*)(uintptr_t start, uintptr_t end);
-
-    Monitor(const Uffd &uffd, size_t queue_size, Dispatch dispatch);
+    Monitor(const Uffd &uffd, size_t queue_size);
     ~Monitor();
 
     bool start(std::string *error);
-    /* Stops both threads. The descriptor itself is closed by the owner. */
-    void stop();
-    /* Before fork: lets the dispatch under way finish and holds the next,
-     * so that no child inherits UCM's or an rcache's lock taken by the
-     * dispatcher (they would stay locked there forever). */
-    void hold_for_fork();
-    void release_after_fork();
+    /* Stopping is in two steps with the owner's release of the descriptor
+     * between them: a dispatch handler that unmaps watched memory blocks
+     * until its event is read, so the dispatcher can only be joined once
+     * the reader is gone and the kernel side released (which wakes it). */
+    void stop_reader();
+    void stop_dispatcher();
     /* After fork, in the child: the threads do not exist there. */
-    void abandon_after_fork();
+    void forget_after_fork();
 
     /* Every event read so far is dispatched. */
     void wait_read_events();
     /* Every event queued by the kernel so far is dispatched. */
     void sync();
+    /* Waits (at most timeout_us) for the reader to read anything after
+     * `seen` (a read_seq() value). */
+    void wait_read_after(uint32_t seen, unsigned timeout_us);
+    uint32_t read_seq() const { return read_seq_.load(); }
 
     void add_stats(kreg_stats_t *stats) const;
 
@@ -69,13 +70,13 @@ private:
     /* count: how many kernel events the entry stands for (0 or 1) */
     void push(uintptr_t start, uintptr_t end, uint32_t count);
     bool uffd_has_events() const;
+    void wake_dispatcher();
 
     const Uffd  &uffd_;
-    const Dispatch dispatch_;
-    int          wake_fd_ = -1; /* eventfd: stop request */
+    int          wake_fd_ = -1; /* eventfd: stop request to the reader */
 
     pthread_t    reader_{}, dispatcher_{};
-    bool         threads_ = false;
+    bool         reader_running_ = false, dispatcher_running_ = false;
     std::atomic<bool> stopping_{false};
 
     /* reader <-> dispatcher only; neither does anything else under it */
@@ -85,12 +86,10 @@ private:
     Entry              overflow_{0, 0, 0};
     uint64_t           batch_read_ns_ = 0;
 
-    std::atomic<int>      reading_{0};
-    std::atomic<uint64_t> read_seq_{0};
-    std::atomic<uint64_t> done_seq_{0};
-    std::atomic<uint64_t> wake_dispatcher_{0};
-    std::atomic<bool>     fork_hold_{false};
-    std::atomic<bool>     in_dispatch_{false};
+    std::atomic<uint32_t> reading_{0};
+    std::atomic<uint32_t> read_seq_{0};
+    std::atomic<uint32_t> done_seq_{0};
+    std::atomic<uint32_t> wake_dispatcher_{0};
 
     /* statistics */
     std::atomic<uint64_t> events_[KREG_EV_LAST] = {};

@@ -6,11 +6,23 @@
 #include <ucs/sys/compiler_def.h>
 #include <ucs/config/parser.h>
 
-static const char *kreg_mode_names[] = {
-    [KREG_MODE_PLAIN]  = "plain",
-    [KREG_MODE_SYNC]   = "sync",
+const char *kreg_backend_choice_names[] = {
+    [KREG_BACKEND_CHOICE_AUTO]     = "auto",
+    [KREG_BACKEND_CHOICE_NOTIFIER] = "notifier",
+    [KREG_BACKEND_CHOICE_UFFD]     = "uffd",
+    [KREG_BACKEND_CHOICE_LAST]     = NULL
+};
+
+const char *kreg_mode_names[] = {
     [KREG_MODE_VERIFY] = "verify",
-    NULL
+    [KREG_MODE_PLAIN]  = "plain",
+    [KREG_MODE_LAST]   = NULL
+};
+
+const char *kreg_shared_names[] = {
+    [KREG_SHARED_UNCACHED] = "uncached",
+    [KREG_SHARED_WATCH]    = "watch",
+    [KREG_SHARED_LAST]     = NULL
 };
 
 static ucs_config_field_t kreg_options_table[] = {
@@ -19,16 +31,41 @@ static ucs_config_field_t kreg_options_table[] = {
      "starts and components register uncached (for testing fallbacks).",
      offsetof(kreg_options_t, enable), UCS_CONFIG_TYPE_BOOL},
 
+    {"BACKEND", "auto",
+     "Which kernel mechanism watches registered memory:\n"
+     " auto     - the notifier module where /dev/kreg_notifier exists, else\n"
+     "            userfaultfd.\n"
+     " notifier - the kreg_notifier module only (a hit is one load); without\n"
+     "            the module nothing is watched and registrations are uncached.\n"
+     " uffd     - userfaultfd only (a hit costs one or two system calls).",
+     offsetof(kreg_options_t, backend),
+     UCS_CONFIG_TYPE_ENUM(kreg_backend_choice_names)},
+
     {"MODE", "verify",
-     "How a registration cache lookup makes sure the cached registration is\n"
-     "still the memory mapped at that address:\n"
-     " plain  - wait for events the monitor has already read (no syscall);\n"
-     "          another thread's remap can slip through before the kernel\n"
-     "          queues its event: for measurements only.\n"
-     " sync   - also poll the descriptor for queued events (one syscall).\n"
-     " verify - wait for events read, and ask the kernel whether the range is\n"
-     "          still the watched mapping (one syscall); loses no data.",
+     "What a registration cache lookup checks:\n"
+     " verify - exact: a lookup never returns the registration of pages that\n"
+     "          were replaced before it started.\n"
+     " plain  - for measurements only: uffd waits for events already read,\n"
+     "          the notifier checks nothing; another thread's remap can slip\n"
+     "          through.",
      offsetof(kreg_options_t, mode), UCS_CONFIG_TYPE_ENUM(kreg_mode_names)},
+
+    {"SHARED_MEMORY", "uncached",
+     "Page-cache memory (MAP_SHARED, memfd, SysV shm, files) under the\n"
+     "userfaultfd backend, whose pages truncate and hole punch replace without\n"
+     "any userfaultfd event:\n"
+     " uncached - registered without the cache (never stale).\n"
+     " watch    - cached like private memory: such changes go unseen.\n"
+     "The notifier backend sees these changes and always caches.",
+     offsetof(kreg_options_t, shared), UCS_CONFIG_TYPE_ENUM(kreg_shared_names)},
+
+    {"MAX_RANGES", "auto",
+     "Disjoint ranges the process may watch at once; past it registrations\n"
+     "are uncached, with one warning. Each userfaultfd watch can split two\n"
+     "mappings, so 'auto' is vm.max_map_count/8 for userfaultfd (the\n"
+     "application keeps three quarters of its mappings) and the module's\n"
+     "own limit for the notifier.",
+     offsetof(kreg_options_t, max_ranges), UCS_CONFIG_TYPE_ULUNITS},
 
     {"DEVICE", "y",
      "Open /dev/userfaultfd when the userfaultfd syscall is refused.",
@@ -36,14 +73,14 @@ static ucs_config_field_t kreg_options_table[] = {
 
     {"WP_ASYNC", "y",
      "Use UFFD_FEATURE_WP_ASYNC where the kernel has it (Linux 6.7+), so that\n"
-     "file-backed mappings can be watched too. With 'n', only anonymous,\n"
-     "shmem and hugetlbfs memory is watched; other memory is registered\n"
-     "uncached.",
+     "file-backed mappings can be watched and the lookup check asks\n"
+     "PAGEMAP_SCAN. With 'n', only anonymous, shmem and hugetlbfs memory is\n"
+     "watched and the check is UFFDIO_WRITEPROTECT.",
      offsetof(kreg_options_t, wp_async), UCS_CONFIG_TYPE_BOOL},
 
     {"QUEUE_SIZE", "4096",
-     "Events the reader thread queues for dispatch; past that it merges them\n"
-     "into one wider range (never blocking a thread in munmap).",
+     "Events the userfaultfd reader queues for dispatch; past that it merges\n"
+     "them into one wider range (never blocking a thread in munmap).",
      offsetof(kreg_options_t, queue_size), UCS_CONFIG_TYPE_UINT},
 
     {NULL}

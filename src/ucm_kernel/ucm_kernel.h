@@ -1,15 +1,28 @@
 /*
  * libucm_kernel: the kernel tells UCX when registered memory goes away.
  *
- * One userfaultfd per process (UFFD_USER_MODE_ONLY), ranges registered in
- * write-protect mode and never write-protected, so no fault ever blocks.
- * A monitor thread reads UNMAP / REMOVE / REMAP events and a dispatch thread
- * reports each range through UCM's public ucm_vm_munmap(), which every UCS
- * rcache in the process listens to. UCM_EVENT_VM_UNMAPPED is declared
- * external, so UCM installs no malloc or mmap hooks for the rcaches.
+ * Two backends behind one interface, chosen at kreg_start():
+ *  - notifier: the kreg_notifier kernel module (kmod/). One
+ *    mmu_interval_notifier per watched range, a counter per range mapped
+ *    read-only into the process; the kernel bumps it in the changing thread
+ *    before any page of the range changes. A cache hit is one load.
+ *  - uffd: one userfaultfd per process (UFFD_USER_MODE_ONLY, unprivileged),
+ *    ranges registered in write-protect mode and never write-protected.
+ *    Reader and dispatcher threads report UNMAP / REMOVE / REMAP events; a
+ *    lookup asks the kernel (one or two system calls) whether an event is
+ *    still in flight and whether the range is still the watched mapping.
+ * Either way every invalidated range is reported through UCM's public
+ * ucm_vm_munmap(), which every UCS rcache in the process listens to, and
+ * UCM_EVENT_VM_UNMAPPED is declared external, so UCM installs no hooks.
  *
- * All symbols are prefixed kreg_ so that none can clash with UCX's own.
- * Every function is thread safe.
+ * A cache built on this does, per lookup (kreg_rcache_get does it all):
+ *   kreg_prepare_lookup(addr, len);        uffd: the kernel's word on the range
+ *   ucs_rcache_get(...) -> region;
+ *   kreg_watch_is_current(&region->watch)  notifier: the counter; else 1
+ * and per miss (kreg_register_watched does it all):
+ *   kreg_watch(range, &w); register (pin); kreg_watch_confirm(&w)
+ *
+ * All symbols are prefixed kreg_. Every function is thread safe.
  */
 #ifndef UCX_KREG_UCM_KERNEL_H
 #define UCX_KREG_UCM_KERNEL_H
@@ -24,36 +37,48 @@ extern "C" {
 
 #define KREG_API __attribute__((visibility("default")))
 
-/* How a lookup makes sure that a cached registration is still current
- * (UCX_KREG_MODE). See README.md, "Modes". */
+struct ucs_rcache;
+struct ucs_rcache_region;
+
+/* Which kernel mechanism watches (UCX_KREG_BACKEND). */
 typedef enum {
-    /* Wait only for events the monitor has already read. No syscall. Leaves
-     * the cross-thread window: an event queued but not read yet, or not yet
-     * queued by the kernel. For measuring. */
-    KREG_MODE_PLAIN  = 0,
-    /* Also poll the descriptor: every event queued before the call is
-     * dispatched. Leaves the "not yet queued" window, and SysV shm detach
-     * (shmdt, shmat SHM_REMAP), for which Linux queues no event at all. */
-    KREG_MODE_SYNC   = 1,
-    /* Default. Also ask the kernel whether the looked-up range is still
-     * the watched mapping (UFFDIO_WRITEPROTECT mode 0 is ENOENT otherwise)
-     * and invalidate it if not. Loses no data. */
-    KREG_MODE_VERIFY = 2
+    KREG_BACKEND_NONE = 0, /* not started, or it failed                  */
+    KREG_BACKEND_UFFD,     /* userfaultfd: every Linux, unprivileged      */
+    KREG_BACKEND_NOTIFIER, /* the kreg_notifier module: /dev/kreg_notifier */
+    KREG_BACKEND_LAST
+} kreg_backend_t;
+
+/* What a lookup checks (UCX_KREG_MODE). */
+typedef enum {
+    /* Default. Exact: a lookup never returns a registration of pages that
+     * were replaced before it started. notifier: the range's counter.
+     * uffd: waits for events in flight and read, then asks the kernel
+     * whether the range is still in the watched mappings. */
+    KREG_MODE_VERIFY = 0,
+    /* For measurements only: uffd waits for events already read; notifier
+     * compares nothing. Another thread's remap can slip through. */
+    KREG_MODE_PLAIN,
+    KREG_MODE_LAST
 } kreg_mode_t;
 
 /* Why a range or the whole source is not watched. */
 typedef enum {
     KREG_REASON_NONE = 0,
-    KREG_REASON_NOT_STARTED,  /* kreg_start() not called or it failed */
-    KREG_REASON_ENOSYS,       /* no userfaultfd syscall (or valgrind)     */
+    KREG_REASON_NOT_STARTED,  /* kreg_start() not called or it failed       */
+    KREG_REASON_ENOSYS,       /* no userfaultfd syscall (or valgrind)       */
     KREG_REASON_EPERM,        /* refused: seccomp, vm.unprivileged_userfaultfd */
-    KREG_REASON_EBUSY,        /* watched by another userfaultfd already   */
-    KREG_REASON_EINVAL,       /* memory type the kernel does not watch    */
-    KREG_REASON_BAD_INPUT,    /* zero length, NULL, wrap-around, a hole   */
+    KREG_REASON_EBUSY,        /* watched by another userfaultfd already     */
+    KREG_REASON_EINVAL,       /* memory type the kernel does not watch      */
+    KREG_REASON_BAD_INPUT,    /* zero length, NULL, wrap-around, a hole     */
     KREG_REASON_VALGRIND,     /* running under valgrind: never blocks munmap */
-    KREG_REASON_FORKED,       /* child of a fork before it re-opened      */
-    KREG_REASON_BAD_CONFIG,   /* a UCX_KREG_* variable has a bad value    */
-    KREG_REASON_DISABLED,     /* UCX_KREG_ENABLE=n                        */
+    KREG_REASON_FORKED,       /* child of a fork that could not restart     */
+    KREG_REASON_BAD_CONFIG,   /* a UCX_KREG_* variable has a bad value      */
+    KREG_REASON_DISABLED,     /* UCX_KREG_ENABLE=n                          */
+    KREG_REASON_LIMIT,        /* the process's watch budget is used up      */
+    KREG_REASON_SHARED,       /* page-cache memory (shared, file) under the
+                                 uffd backend: changes without any event    */
+    KREG_REASON_CHANGED,      /* the pages changed while being registered   */
+    KREG_REASON_NO_DEVICE,    /* UCX_KREG_BACKEND=notifier, no module       */
     KREG_REASON_OTHER,
     KREG_REASON_LAST
 } kreg_reason_t;
@@ -61,79 +86,142 @@ typedef enum {
 typedef enum {
     KREG_EV_UNMAP = 0,  /* munmap, mmap(MAP_FIXED) over, mremap shrink, brk */
     KREG_EV_REMOVE,     /* madvise(DONTNEED / REMOVE / FREE)               */
-    KREG_EV_REMAP,      /* mremap move (reported: the old range)           */
+    KREG_EV_REMAP,      /* mremap move or DONTUNMAP (both ends reported)   */
+    KREG_EV_NOTIFY,     /* notifier: a range's pages changed               */
     KREG_EV_UNEXPECTED, /* a page fault or unknown event: resolved, counted */
     KREG_EV_LAST
 } kreg_event_type_t;
 
+/* One watched range, kept by the cache entry that registered it. */
+typedef struct kreg_watch {
+    const volatile uint64_t *counter;  /* compared with snapshot at each hit */
+    uint64_t                 snapshot;
+    uintptr_t                start;    /* the watched pages                   */
+    uintptr_t                end;
+    uint32_t                 slot;     /* the backend's handle                */
+    uint32_t                 generation; /* source generation that made it */
+} kreg_watch_t;
+
 typedef struct {
-    int         running;         /* monitor is up in this process         */
-    kreg_mode_t mode;
-    int         via_device;      /* opened through /dev/userfaultfd       */
-    int         user_mode_only;  /* UFFD_USER_MODE_ONLY was accepted      */
-    int         wp_async;        /* file mappings can be watched too      */
-    int         event_remap;     /* REMAP events requested                */
-    int         external_event;  /* UCM_EVENT_VM_UNMAPPED declared external */
-    kreg_reason_t reason;        /* why not running, when !running         */
-    uint64_t    features;        /* UFFD_FEATURE_* granted by the kernel  */
-    int         verify_by_scan;  /* verify asks PAGEMAP_SCAN, per mapping
-                                    (else UFFDIO_WRITEPROTECT, per page) */
+    int            running;         /* a backend watches in this process    */
+    kreg_backend_t backend;
+    kreg_mode_t    mode;
+    kreg_reason_t  reason;          /* why not running, when !running       */
+    const char    *why_backend;     /* why this backend was chosen (static) */
+    int            external_event;  /* UCM_EVENT_VM_UNMAPPED declared external */
+    unsigned long  max_ranges;      /* watch budget: disjoint ranges        */
+    /* uffd only */
+    int            via_device;      /* opened through /dev/userfaultfd      */
+    int            user_mode_only;  /* UFFD_USER_MODE_ONLY was accepted     */
+    int            wp_async;        /* file mappings can be watched too     */
+    int            event_remap;     /* REMAP events requested               */
+    uint64_t       features;        /* UFFD_FEATURE_* granted by the kernel */
+    int            verify_by_scan;  /* the check asks PAGEMAP_SCAN, per
+                                       mapping (else UFFDIO_WRITEPROTECT)   */
+    int            shared_watched;  /* UCX_KREG_SHARED_MEMORY=watch         */
 } kreg_caps_t;
 
 typedef struct {
-    uint64_t events[KREG_EV_LAST];     /* events read from the kernel     */
-    uint64_t dispatched;               /* ranges passed to ucm_vm_munmap  */
-    uint64_t coalesced;                /* events merged on queue overflow */
-    uint64_t watched_ranges;           /* disjoint ranges watched now     */
+    uint64_t events[KREG_EV_LAST];     /* events read from the kernel       */
+    uint64_t dispatched;               /* ranges passed to ucm_vm_munmap    */
+    uint64_t coalesced;                /* events merged on queue overflow   */
+    uint64_t watched_ranges;           /* disjoint ranges watched now       */
     uint64_t watched_bytes;
-    uint64_t watch_calls;
-    uint64_t fallbacks[KREG_REASON_LAST]; /* watch() refusals by reason   */
-    uint64_t verify_calls;             /* KREG_MODE_VERIFY kernel checks  */
-    uint64_t verify_invalidations;     /* ranges found changed by verify  */
-    uint64_t sync_waits;               /* lookups that had to wait        */
-    uint64_t dispatch_latency_max_ns;  /* read -> dispatched, per batch   */
+    uint64_t watch_calls;              /* kreg_watch() that watched          */
+    uint64_t fallbacks[KREG_REASON_LAST]; /* refusals, by reason            */
+    uint64_t verify_calls;             /* uffd: kernel checks at lookup      */
+    uint64_t verify_invalidations;     /* uffd: ranges found changed by them */
+    uint64_t inflight_waits;           /* uffd: lookups that waited for an
+                                          event the kernel had in flight    */
+    uint64_t stale_hits;               /* kreg_rcache_get: entries found
+                                          stale by their counter            */
+    uint64_t sync_waits;               /* lookups that waited for dispatch   */
+    uint64_t dispatch_latency_max_ns;  /* read -> dispatched, per batch     */
     uint64_t dispatch_latency_sum_ns;
     uint64_t dispatch_batches;
 } kreg_stats_t;
 
-/* Reference counted. The first call opens the userfaultfd, starts the
- * threads and declares UCM_EVENT_VM_UNMAPPED external. On failure returns an
- * error, logs the reason once, and every kreg_watch() returns 0 (callers then
+/* Reference counted. The first call chooses and starts a backend and
+ * declares UCM_EVENT_VM_UNMAPPED external. On failure returns an error,
+ * logs the reason once, and every kreg_watch() returns 0 (callers then
  * register uncached). Each call must be paired with kreg_stop(), even a
- * failed one. */
+ * failed one. In a forked child the first call of any kind starts the
+ * child's own backend. */
 KREG_API ucs_status_t kreg_start(void);
 
-/* The last stop closes the descriptor (the kernel drops every watch and
- * wakes any thread blocked in munmap), stops the threads and withdraws the
- * external declaration. */
+/* The last stop stops the backend (the kernel drops every watch and wakes
+ * any thread blocked in munmap), reports every watched range as unmapped,
+ * makes every outstanding kreg_watch_t stale and withdraws the external
+ * declaration. */
 KREG_API void kreg_stop(void);
 
-/* Watch [addr, addr+len), widened to whole pages. Returns 1 if the range is
- * now watched: its unmap, removal or move will be reported before any lookup
- * that follows the kernel's event can see it. Returns 0 otherwise, with the
- * reason in *reason_p if not NULL; the caller must not cache the range. */
-KREG_API int kreg_watch(void *addr, size_t len, kreg_reason_t *reason_p);
+/* Watch [addr, addr+len), widened to whole pages, into *w. Returns 1 if
+ * the range is watched now: any change of its pages from now on makes
+ * kreg_watch_is_current(w) false or is reported through ucm_vm_munmap()
+ * before a lookup that starts after the change returns. Returns 0
+ * otherwise, with the reason in *reason_p if not NULL; the caller must
+ * not cache the range. */
+KREG_API int kreg_watch(void *addr, size_t len, kreg_watch_t *w,
+                        kreg_reason_t *reason_p);
 
-/* Drop one watcher of [addr, addr+len). Pages stay watched while another
- * watcher still covers them. Unknown ranges are ignored. */
-KREG_API void kreg_unwatch(void *addr, size_t len);
+/* Call once the watched range is registered (pinned). Returns 1 if the
+ * registration may be cached; 0 with KREG_REASON_CHANGED if the pages
+ * changed while being pinned (deregister, kreg_unwatch, try again), or
+ * another reason if policy keeps it out of the cache (KREG_REASON_SHARED:
+ * page-cache memory under the uffd backend, see UCX_KREG_SHARED_MEMORY). */
+KREG_API int kreg_watch_confirm(kreg_watch_t *w, kreg_reason_t *reason_p);
+
+/* Drops a watch made by kreg_watch() (any other watch of the same pages
+ * stays). A watch of an earlier backend (before a stop or a fork) only
+ * clears *w. */
+KREG_API void kreg_unwatch(kreg_watch_t *w);
+
+/* Whether the pages registered with *w are still the ones mapped there.
+ * One load; exact with the notifier backend. With the uffd backend the
+ * lookup's kernel check (kreg_prepare_lookup) does the work and this only
+ * turns false after a fork or a stop. */
+static inline int kreg_watch_is_current(const kreg_watch_t *w)
+{
+    return __atomic_load_n(w->counter, __ATOMIC_ACQUIRE) == w->snapshot;
+}
+
+/* Call before an rcache lookup of [addr, addr+len). uffd: waits for
+ * events in flight and read and, in verify mode, asks the kernel whether
+ * the range is still the watched mapping, reporting it through
+ * ucm_vm_munmap() if not. notifier: returns at once. Returns 0 if the range
+ * was found changed or is not watched, 1 otherwise. */
+KREG_API int kreg_prepare_lookup(void *addr, size_t len);
+
+/* Registers a cache entry's range the way a watched cache must: watch,
+ * reg(arg), confirm; on KREG_REASON_CHANGED dereg, unwatch and try again
+ * (a few times). UCS_OK: registered and watched. UCS_ERR_REJECTED: not
+ * watched (reason in *reason_p): register it uncached. Any other status
+ * is reg's own failure. */
+typedef ucs_status_t (*kreg_reg_func_t)(void *arg, void *addr, size_t len);
+typedef void (*kreg_dereg_func_t)(void *arg);
+KREG_API ucs_status_t kreg_register_watched(void *addr, size_t len,
+                                            kreg_watch_t *w,
+                                            kreg_reg_func_t reg,
+                                            kreg_dereg_func_t dereg, void *arg,
+                                            kreg_reason_t *reason_p);
+
+/* ucs_rcache_get() the way a watched cache must: kreg_prepare_lookup, get,
+ * and a region whose watch (at watch_offset in the region structure) is no
+ * longer current is invalidated and looked up again. */
+KREG_API ucs_status_t kreg_rcache_get(struct ucs_rcache *rcache, void *addr,
+                                      size_t len, int prot, void *arg,
+                                      size_t watch_offset,
+                                      struct ucs_rcache_region **region_p);
 
 /* Returns once every event the kernel had queued when the call started has
  * been dispatched to UCM. */
 KREG_API void kreg_sync(void);
 
-/* Call before an rcache lookup of [addr, addr+len). Waits as the mode says
- * (KREG_MODE_PLAIN: already-read events; SYNC: kreg_sync(); VERIFY: read
- * events and an exact kernel check of the range); if the range is found to
- * be no longer the watched mapping, reports it through ucm_vm_munmap() so the
- * lookup misses. Returns 1 if the range is watched now, 0 if not (the caller
- * registers it anew and watches it then). */
-KREG_API int kreg_prepare_lookup(void *addr, size_t len);
-
 KREG_API void kreg_query(kreg_caps_t *caps);
 KREG_API void kreg_get_stats(kreg_stats_t *stats);
 KREG_API const char *kreg_reason_str(kreg_reason_t reason);
 KREG_API const char *kreg_mode_str(kreg_mode_t mode);
+KREG_API const char *kreg_backend_str(kreg_backend_t backend);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
 #include "uffd.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -38,7 +39,11 @@ namespace {
 
 constexpr uint64_t required_features =
     UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE |
-    UFFD_FEATURE_PAGEFAULT_FLAG_WP;
+    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_PAGEFAULT_FLAG_WP;
+
+/* /proc/self/pagemap: bit 63 present, bit 61 file page or shared anon */
+constexpr uint64_t kPmPresent   = 1ull << 63;
+constexpr uint64_t kPmPageCache = 1ull << 61;
 
 int api_handshake(int fd, uint64_t want, uint64_t *granted)
 {
@@ -52,6 +57,12 @@ int api_handshake(int fd, uint64_t want, uint64_t *granted)
     return 0;
 }
 
+size_t page_size()
+{
+    static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return size;
+}
+
 } // namespace
 
 kreg_reason_t Uffd::reason_of(int err)
@@ -62,6 +73,7 @@ kreg_reason_t Uffd::reason_of(int err)
     case EACCES: return KREG_REASON_EPERM;
     case EBUSY:  return KREG_REASON_EBUSY;
     case EINVAL: return KREG_REASON_EINVAL;
+    case ENOMEM: return KREG_REASON_LIMIT; /* no mapping left to split */
     default:     return KREG_REASON_OTHER;
     }
 }
@@ -102,6 +114,12 @@ bool Uffd::open(const UffdOptions &opts)
     reason_     = KREG_REASON_NONE;
     error_.clear();
 
+    auto fail = [this](kreg_reason_t why, const std::string &text) {
+        reason_ = why;
+        error_  = text;
+        return false;
+    };
+
     /* UFFD_USER_MODE_ONLY lets an unprivileged process open it while
      * vm.unprivileged_userfaultfd=0; kernels before 5.11 reject the flag. */
     int flags = O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY;
@@ -112,33 +130,31 @@ bool Uffd::open(const UffdOptions &opts)
         probe = open_fd(flags, &dev);
     }
     if (probe < 0) {
-        int err = errno;
-        reason_ = reason_of(err);
-        error_  = std::string("userfaultfd: ") + strerror(err);
-        return false;
+        const int err = errno;
+        return fail(reason_of(err), std::string("userfaultfd: ") + strerror(err));
     }
 
     /* UFFDIO_API can be called once per descriptor: ask what the kernel
      * has on a probe descriptor, then open the real one with our choice. */
     uint64_t avail = 0;
-    int err = api_handshake(probe, 0, &avail);
+    int err        = api_handshake(probe, 0, &avail);
     ::close(probe);
     if (err != 0) {
-        reason_ = reason_of(err);
-        error_  = std::string("UFFDIO_API: ") + strerror(err);
-        return false;
+        return fail(reason_of(err), std::string("UFFDIO_API: ") + strerror(err));
     }
     if ((avail & required_features) != required_features) {
-        reason_ = KREG_REASON_EINVAL;
-        error_  = "the kernel lacks userfaultfd unmap/remove events or "
-                  "write-protect mode (needs Linux 5.7)";
-        return false;
+        return fail(KREG_REASON_EINVAL,
+                    "the kernel lacks userfaultfd unmap/remove/remap events "
+                    "or write-protect mode (needs Linux 5.7)");
     }
 
-    uint64_t want = UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE;
-    if (opts.want_remap) {
-        want |= UFFD_FEATURE_EVENT_REMAP & avail;
-    }
+    /* REMAP: a moved mapping, and the old range of MREMAP_DONTUNMAP, are
+     * reported (without it DONTUNMAP leaves the old range watched, with
+     * new pages and no event). The moved mapping carries the watch along;
+     * lookups of it are still exact because the event is in flight until
+     * read (see event_in_flight). */
+    uint64_t want = UFFD_FEATURE_EVENT_UNMAP | UFFD_FEATURE_EVENT_REMOVE |
+                    UFFD_FEATURE_EVENT_REMAP;
     if (opts.try_wp_async && (avail & UFFD_FEATURE_WP_ASYNC)) {
         /* WP_UNPOPULATED changes only how pages get write-protected, which
          * never happens here; with it PAGEMAP_SCAN tells watched anonymous
@@ -148,44 +164,60 @@ bool Uffd::open(const UffdOptions &opts)
 
     int fd = open_fd(flags, &dev);
     if (fd < 0) {
-        err     = errno;
-        reason_ = reason_of(err);
-        error_  = std::string("userfaultfd: ") + strerror(err);
-        return false;
+        err = errno;
+        return fail(reason_of(err), std::string("userfaultfd: ") + strerror(err));
     }
     uint64_t granted = 0;
     err = api_handshake(fd, want, &granted);
     if (err != 0) {
         ::close(fd);
-        reason_ = reason_of(err);
-        error_  = std::string("UFFDIO_API: ") + strerror(err);
-        return false;
+        return fail(reason_of(err), std::string("UFFDIO_API: ") + strerror(err));
     }
     fd_             = fd;
     features_       = want;
-    if ((want & UFFD_FEATURE_WP_ASYNC) && (want & UFFD_FEATURE_WP_UNPOPULATED)) {
-        pagemap_fd_ = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-    }
+    pagemap_fd_     = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    scan_ok_        = (pagemap_fd_ >= 0) && (want & UFFD_FEATURE_WP_ASYNC) &&
+                      (want & UFFD_FEATURE_WP_UNPOPULATED);
+    scan_works_     = true;
     via_device_     = dev;
     user_mode_only_ = (flags & UFFD_USER_MODE_ONLY) != 0;
     return true;
 }
 
-void Uffd::close()
+void Uffd::release_kernel_side()
 {
-    ::close(release_fd());
+    if (fd_ < 0) {
+        return;
+    }
+    int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if ((null < 0) || (dup3(null, fd_, O_CLOEXEC) < 0)) {
+        /* cannot keep the number: close it, the kernel side goes all the same */
+        ::close(fd_);
+        fd_ = -1;
+    }
+    if (null >= 0) {
+        ::close(null);
+    }
 }
 
-int Uffd::release_fd()
+void Uffd::close()
+{
+    int fd = forget();
+    if (fd >= 0) {
+        ::close(fd);
+    }
+}
+
+int Uffd::forget()
 {
     /* the pagemap descriptor speaks for the process that opened it */
     if (pagemap_fd_ >= 0) {
         ::close(pagemap_fd_);
         pagemap_fd_ = -1;
     }
-    scan_works_ = true;
-    int fd      = fd_;
-    fd_         = -1;
+    scan_ok_ = false;
+    int fd   = fd_;
+    fd_      = -1;
     return fd;
 }
 
@@ -216,23 +248,41 @@ int Uffd::unwatch(uintptr_t start, size_t len) const
     return ioctl(fd_, UFFDIO_UNREGISTER, &range) == 0 ? 0 : errno;
 }
 
-bool Uffd::wp_check(uintptr_t start, size_t len) const
+bool Uffd::event_in_flight() const
+{
+    /* The kernel raises the descriptor's mmap_changing under the mm lock
+     * before an unmap, remap or remove, and lowers it once our reader has
+     * read the event; UFFDIO_COPY looks at it before anything else and
+     * says EAGAIN while it is up. A zero length makes it fail (EINVAL)
+     * without touching memory otherwise. This is the one thing user space
+     * can see of the cross-thread window: the event not yet queued. */
+    struct uffdio_copy copy = {};
+    return (ioctl(fd_, UFFDIO_COPY, &copy) < 0) && (errno == EAGAIN);
+}
+
+Check Uffd::wp_check(uintptr_t start, size_t len) const
 {
     /* Removing write protection that was never set changes nothing, and
      * the kernel refuses it with ENOENT unless the range lies in mappings
-     * registered with this descriptor in WP mode. */
+     * registered with this descriptor in WP mode; with EAGAIN while an
+     * event is in flight. */
     struct uffdio_writeprotect wp = {};
     wp.range.start = start;
     wp.range.len   = len;
     wp.mode        = UFFDIO_WRITEPROTECT_MODE_DONTWAKE;
-    return ioctl(fd_, UFFDIO_WRITEPROTECT, &wp) == 0;
+    if (ioctl(fd_, UFFDIO_WRITEPROTECT, &wp) == 0) {
+        return Check::watched;
+    }
+    return (errno == EAGAIN) ? Check::in_flight : Check::changed;
 }
 
 int Uffd::scan_check(uintptr_t start, size_t len) const
 {
     /* Asks for pages that are NOT in a mapping watched with WP_ASYNC:
      * watched mappings are skipped whole, without a page walk, and any
-     * other mapping fails the scan with EPERM (PM_SCAN_CHECK_WPASYNC). */
+     * other mapping fails the scan with EPERM (PM_SCAN_CHECK_WPASYNC).
+     * Holes are skipped too: a range unmapped altogether looks watched,
+     * but its unmap was an event, which the caller waits for. */
     struct page_region region;
     struct pm_scan_arg arg = {};
     arg.size              = sizeof(arg);
@@ -241,6 +291,7 @@ int Uffd::scan_check(uintptr_t start, size_t len) const
     arg.end               = start + len;
     arg.vec               = reinterpret_cast<uintptr_t>(&region);
     arg.vec_len           = 1;
+    arg.max_pages         = 1;
     arg.category_inverted = PAGE_IS_WPALLOWED;
     arg.category_mask     = PAGE_IS_WPALLOWED;
     arg.return_mask       = PAGE_IS_WPALLOWED;
@@ -251,27 +302,54 @@ int Uffd::scan_check(uintptr_t start, size_t len) const
     return ((rc > 0) || (errno == EPERM)) ? 0 : -1;
 }
 
-bool Uffd::is_watched(uintptr_t start, size_t len) const
+Check Uffd::check(uintptr_t start, size_t len) const
 {
-    if ((pagemap_fd_ >= 0) && scan_works_) {
+    if (scan_ok_ && scan_works_) {
         int watched = scan_check(start, len);
         if (watched >= 0) {
-            return watched;
+            return watched ? Check::watched : Check::changed;
         }
         scan_works_ = false; /* not this kernel: the write-protect check */
     }
-    if (wp_check(start, len)) {
-        return true;
+    Check c = wp_check(start, len);
+    if (c != Check::changed) {
+        return c;
     }
     /* Before Linux 6.3 the check needs the range to lie in one mapping: a
-     * watched range split into several mappings also fails. Halve it down
-     * to single pages before calling it changed. */
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    if (len <= page) {
+     * watched range split into several mappings (an mprotect of a part)
+     * also fails. Halve it down to single pages before calling it
+     * changed. */
+    if (len <= page_size()) {
+        return c;
+    }
+    size_t half = (len / 2 + page_size() - 1) & ~(page_size() - 1);
+    c = check(start, half);
+    return (c == Check::watched) ? check(start + half, len - half) : c;
+}
+
+bool Uffd::has_page_cache_pages(uintptr_t start, size_t len) const
+{
+    if (pagemap_fd_ < 0) {
         return false;
     }
-    size_t half = (len / 2 + page - 1) & ~(page - 1);
-    return is_watched(start, half) && is_watched(start + half, len - half);
+    uint64_t entries[512];
+    const size_t pages = len / page_size();
+    for (size_t done = 0; done < pages;) {
+        const size_t n   = std::min<size_t>(pages - done, 512);
+        const off_t  off = static_cast<off_t>((start / page_size() + done) * 8);
+        const ssize_t rd = pread(pagemap_fd_, entries, n * 8, off);
+        if (rd <= 0) {
+            return false;
+        }
+        for (size_t i = 0; i < static_cast<size_t>(rd) / 8; ++i) {
+            if ((entries[i] & (kPmPresent | kPmPageCache)) ==
+                (kPmPresent | kPmPageCache)) {
+                return true;
+            }
+        }
+        done += static_cast<size_t>(rd) / 8;
+    }
+    return false;
 }
 
 } // namespace kreg

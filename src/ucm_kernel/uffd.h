@@ -1,21 +1,28 @@
-/* The userfaultfd descriptor: opening it, watching ranges, asking the kernel
- * whether a range is still the watched mapping. No threads here. */
+/* The userfaultfd descriptor: opening it, watching ranges, and the kernel
+ * checks a lookup makes. No threads and no bookkeeping here. */
 #ifndef UCX_KREG_UFFD_H
 #define UCX_KREG_UFFD_H
 
 #include "ucm_kernel.h"
 
-#include <cstddef>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace kreg {
 
 struct UffdOptions {
-    bool try_device;  /* /dev/userfaultfd when the syscall is refused   */
+    bool try_device;   /* /dev/userfaultfd when the syscall is refused */
     bool try_wp_async;
-    bool want_remap;  /* request UFFD_FEATURE_EVENT_REMAP               */
+};
+
+/* What the kernel says of a range at a lookup. */
+enum class Check {
+    watched,   /* every page lies in a mapping this descriptor watches    */
+    changed,   /* some page does not: a new mapping, or none              */
+    in_flight  /* an unmap, remap or remove event of this descriptor is on
+                  its way: ask again once it has been read                 */
 };
 
 class Uffd {
@@ -28,21 +35,35 @@ public:
     /* Opens and negotiates features. On failure returns false and sets
      * reason() and error(). */
     bool open(const UffdOptions &opts);
+    /* Drops the kernel side (every watch; threads blocked in munmap are
+     * woken) but keeps the descriptor number reserved (pointing at
+     * /dev/null), so that a thread still about to use it can never reach
+     * a descriptor opened since by someone else. close() frees it. */
+    void release_kernel_side();
     void close();
-    /* Forgets the descriptor without closing it (after fork, the child's
-     * copy is closed by the caller). */
-    int release_fd();
+    /* Forgets the descriptors without closing them. Returns the uffd (in a
+     * forked child the caller closes the child's copy). */
+    int forget();
 
-    /* UFFDIO_REGISTER in write-protect mode. Returns 0 or an errno. */
+    /* UFFDIO_REGISTER in write-protect mode. Returns 0 or an errno. On
+     * failure nothing stays registered that was not registered before,
+     * except where `keep` says a part was (see UffdBackend). */
     int watch(uintptr_t start, size_t len) const;
     /* UFFDIO_UNREGISTER. Returns 0 or an errno. */
     int unwatch(uintptr_t start, size_t len) const;
-    /* true if every page of the range lies in a mapping this descriptor
-     * watches (so it is the mapping that was registered: a new mapping at
-     * the same address is never watched). Exact; one syscall: PAGEMAP_SCAN
-     * per mapping where the kernel has it (6.7+ with WP_ASYNC), else
-     * UFFDIO_WRITEPROTECT, which walks the range's pages. */
-    bool is_watched(uintptr_t start, size_t len) const;
+
+    /* Cheap: true while any UNMAP, REMAP or REMOVE event of this
+     * descriptor is between the kernel raising it (under the mm lock,
+     * before the change) and our reader having read it. */
+    bool event_in_flight() const;
+    /* Exact: whether [start, start+len) still lies in mappings this
+     * descriptor watches. PAGEMAP_SCAN per mapping where the kernel has it
+     * (6.7+, WP_ASYNC), else UFFDIO_WRITEPROTECT, which walks the pages
+     * and also reports in_flight. */
+    Check check(uintptr_t start, size_t len) const;
+    /* Whether any present page of the range is a page-cache page (file or
+     * shared memory), by /proc/self/pagemap. */
+    bool has_page_cache_pages(uintptr_t start, size_t len) const;
 
     int fd() const { return fd_; }
     uint64_t features() const { return features_; }
@@ -50,7 +71,7 @@ public:
     bool user_mode_only() const { return user_mode_only_; }
     bool wp_async() const;
     bool event_remap() const;
-    bool scans() const { return pagemap_fd_ >= 0 && scan_works_; }
+    bool scans() const { return scan_ok_ && scan_works_; }
     kreg_reason_t reason() const { return reason_; }
     const std::string &error() const { return error_; }
 
@@ -58,16 +79,17 @@ public:
 
 private:
     int open_fd(int flags, bool *via_device);
-    bool wp_check(uintptr_t start, size_t len) const;
+    Check wp_check(uintptr_t start, size_t len) const;
     /* 1 watched, 0 not, -1 the kernel has no PAGEMAP_SCAN */
     int scan_check(uintptr_t start, size_t len) const;
 
-    int         fd_ = -1;
-    uint64_t    features_ = 0;
+    int         fd_         = -1;
+    int         pagemap_fd_ = -1;
+    uint64_t    features_   = 0;
     bool        via_device_ = false;
     bool        user_mode_only_ = false;
     bool        try_device_ = true;
-    int         pagemap_fd_ = -1;
+    bool        scan_ok_    = false;
     mutable std::atomic<bool> scan_works_{true};
     kreg_reason_t reason_ = KREG_REASON_NONE;
     std::string error_;

@@ -1,5 +1,6 @@
 #include "watch_map.h"
 
+#include <algorithm>
 #include <iterator>
 
 namespace kreg {
@@ -86,6 +87,26 @@ bool WatchMap::overlaps(uintptr_t start, uintptr_t end) const
         return true;
     }
     return (it != segs_.end()) && (it->first < end);
+}
+
+Ranges WatchMap::gaps(uintptr_t start, uintptr_t end) const
+{
+    Ranges out;
+    uintptr_t pos = start;
+    auto it       = segs_.upper_bound(start);
+    if (it != segs_.begin() && std::prev(it)->second.end > start) {
+        --it;
+    }
+    for (; (it != segs_.end()) && (it->first < end) && (pos < end); ++it) {
+        if (it->first > pos) {
+            out.emplace_back(pos, it->first);
+        }
+        pos = std::max(pos, it->second.end);
+    }
+    if (pos < end) {
+        out.emplace_back(pos, end);
+    }
+    return out;
 }
 
 size_t WatchMap::bytes() const

@@ -23,6 +23,8 @@ public:
     Ranges remove(uintptr_t start, uintptr_t end);
     /* Every watched range, adjacent ones merged. */
     Ranges ranges() const;
+    /* The parts of [start, end) no watcher covers. */
+    Ranges gaps(uintptr_t start, uintptr_t end) const;
     /* true if any watcher covers part of [start, end) */
     bool overlaps(uintptr_t start, uintptr_t end) const;
     void clear() { segs_.clear(); }

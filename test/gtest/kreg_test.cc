@@ -1,17 +1,13 @@
 #include "kreg_test.h"
 
-#include <atomic>
 #include <cerrno>
 #include <climits>
-#include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <poll.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <ucm/api/ucm.h>
+#include "kmod/uapi/kreg_notifier.h"
 
 namespace kreg_test {
 
@@ -19,6 +15,63 @@ size_t page()
 {
     static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     return size;
+}
+
+/*                          name             backend     mode      !wp_async exact */
+const Config kAuto          {"auto",         "auto",     "verify", false,    true};
+const Config kUffd          {"uffd",         "uffd",     "verify", false,    true};
+const Config kUffdWp        {"uffd_wp",      "uffd",     "verify", true,     true};
+const Config kUffdPlain     {"uffd_plain",   "uffd",     "plain",  false,    false};
+const Config kNotifier      {"notifier",     "notifier", "verify", false,    true};
+const Config kNotifierPlain {"notifier_plain", "notifier", "plain", false,   false};
+
+void PrintTo(const Config &config, std::ostream *os)
+{
+    *os << config.name << " (UCX_KREG_BACKEND=" << config.backend
+        << " UCX_KREG_MODE=" << config.mode
+        << (config.no_wp_async ? " UCX_KREG_WP_ASYNC=n" : "") << ")";
+}
+
+std::vector<Config> exact_configs()
+{
+    return {kUffd, kUffdWp, kNotifier};
+}
+
+std::vector<Config> all_configs()
+{
+    return {kUffd, kUffdWp, kUffdPlain, kNotifier, kNotifierPlain};
+}
+
+std::string config_name(const testing::TestParamInfo<Config> &info)
+{
+    return info.param.name;
+}
+
+Source::Source(const Config &config)
+{
+    if ((strcmp(config.backend, "notifier") == 0) &&
+        (access(KREG_NF_DEVICE, R_OK | W_OK) != 0)) {
+        skip_ = "no " KREG_NF_DEVICE " (the kreg_notifier module is not "
+                "loaded here; the Soft-RoCE VM suite runs these with it)";
+        status_ = UCS_ERR_UNSUPPORTED;
+        return;
+    }
+    setenv("UCX_KREG_BACKEND", config.backend, 1);
+    setenv("UCX_KREG_MODE", config.mode, 1);
+    if (config.no_wp_async) {
+        setenv("UCX_KREG_WP_ASYNC", "n", 1);
+    }
+    status_ = kreg_start();
+    unsetenv("UCX_KREG_BACKEND");
+    unsetenv("UCX_KREG_MODE");
+    unsetenv("UCX_KREG_WP_ASYNC");
+}
+
+Source::~Source()
+{
+    if (skip_.empty()) {
+        kreg_stop();
+    }
 }
 
 EventLog::EventLog()
@@ -64,30 +117,11 @@ void EventLog::clear()
     ranges_.clear();
 }
 
-Source::Source(const char *mode)
+uint64_t kernel_reports()
 {
-    /* "verify-wp": verify through UFFDIO_WRITEPROTECT, as on kernels
-     * without WP_ASYNC */
-    const bool wp = (mode != nullptr) && (strcmp(mode, "verify-wp") == 0);
-    if (mode != nullptr) {
-        setenv("UCX_KREG_MODE", wp ? "verify" : mode, 1);
-    }
-    if (wp) {
-        setenv("UCX_KREG_WP_ASYNC", "n", 1);
-    }
-    status_ = kreg_start();
-    unsetenv("UCX_KREG_MODE");
-    unsetenv("UCX_KREG_WP_ASYNC");
-}
-
-bool is_verify(const char *mode)
-{
-    return strncmp(mode, "verify", 6) == 0;
-}
-
-Source::~Source()
-{
-    kreg_stop();
+    kreg_stats_t st;
+    kreg_get_stats(&st);
+    return st.dispatched;
 }
 
 void *map_anon(size_t len, void *hint, int extra_flags)
@@ -101,83 +135,9 @@ void *map_anon(size_t len, void *hint, int extra_flags)
     return p;
 }
 
-ChildResult run_child(const std::function<int()> &fn, int timeout_s)
+TokenCache::TokenCache(bool watched) : watched_(watched)
 {
-    ChildResult res;
-    int pipefd[2];
-    if (pipe(pipefd) != 0) {
-        res.output = "pipe failed";
-        return res;
-    }
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(pipefd[1], 1);
-        dup2(pipefd[1], 2);
-        close(pipefd[0]);
-        close(pipefd[1]);
-        int rc = fn();
-        fflush(stdout);
-        fflush(stderr);
-        _exit(rc);
-    }
-    close(pipefd[1]);
-    const auto deadline = time(nullptr) + timeout_s;
-    char buf[4096];
-    for (;;) {
-        struct pollfd pfd = {pipefd[0], POLLIN, 0};
-        int left = static_cast<int>(deadline - time(nullptr));
-        if (left <= 0) {
-            kill(pid, SIGKILL);
-            waitpid(pid, nullptr, 0);
-            close(pipefd[0]);
-            res.status = -1;
-            return res;
-        }
-        if (poll(&pfd, 1, left * 1000) <= 0) {
-            continue;
-        }
-        ssize_t n = read(pipefd[0], buf, sizeof(buf));
-        if (n <= 0) {
-            break;
-        }
-        res.output.append(buf, static_cast<size_t>(n));
-    }
-    close(pipefd[0]);
-    int st = 0;
-    /* the child closed its output; give it the rest of the time to exit */
-    for (;;) {
-        pid_t w = waitpid(pid, &st, WNOHANG);
-        if (w == pid) {
-            break;
-        }
-        if (time(nullptr) >= deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, nullptr, 0);
-            res.status = -1;
-            return res;
-        }
-        usleep(1000);
-    }
-    res.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return res;
-}
-
-namespace {
-const ucs_rcache_ops_t token_ops = {
-    .mem_reg     = nullptr,
-    .mem_dereg   = nullptr,
-    .dump_region = nullptr,
-};
-} // namespace
-
-TokenCache::TokenCache()
-{
-    static ucs_rcache_ops_t ops = token_ops;
-    ops.mem_reg     = mem_reg;
-    ops.mem_dereg   = mem_dereg;
-    ops.dump_region = dump;
+    static const ucs_rcache_ops_t ops = {mem_reg, mem_dereg, dump};
 
     ucs_rcache_params_t params = {};
     params.region_struct_size = sizeof(Region);
@@ -208,23 +168,41 @@ TokenCache::~TokenCache()
 ucs_status_t TokenCache::mem_reg(void *ctx, ucs_rcache_t *, void *arg,
                                  ucs_rcache_region_t *r, uint16_t)
 {
-    auto *self   = static_cast<TokenCache *>(ctx);
-    auto *region = reinterpret_cast<Region *>(r);
-    if (!kreg_watch(reinterpret_cast<void *>(r->super.start),
-                    r->super.end - r->super.start, nullptr)) {
-        return UCS_ERR_UNSUPPORTED; /* never cache what nothing watches */
+    auto *self = static_cast<TokenCache *>(ctx);
+    /* "registering" reads the token of the mapping looked up (arg) */
+    struct Reg {
+        Region                  *region;
+        const volatile uint64_t *token;
+        static ucs_status_t reg(void *a, void *, size_t)
+        {
+            auto *rg          = static_cast<Reg *>(a);
+            rg->region->token = *rg->token;
+            return UCS_OK;
+        }
+        static void dereg(void *) {}
+    } reg{reinterpret_cast<Region *>(r), static_cast<volatile uint64_t *>(arg)};
+    if (!self->watched_) {
+        static const uint64_t always = 1;
+        reg.region->watch         = kreg_watch_t{};
+        reg.region->watch.counter = &always;
+        reg.region->watch.snapshot = always;
+        ++self->regs_;
+        return Reg::reg(&reg, nullptr, 0);
     }
-    /* arg: the looked-up address, where the mapping's token is */
-    region->token   = *static_cast<volatile uint64_t *>(arg);
-    region->watched = true;
-    ++self->regs_;
-    return UCS_OK;
+    ucs_status_t st = kreg_register_watched(
+            reinterpret_cast<void *>(r->super.start), r->super.end - r->super.start,
+            &reg.region->watch, Reg::reg, Reg::dereg, &reg, nullptr);
+    if (st == UCS_OK) {
+        ++self->regs_;
+    }
+    return st; /* never cache what nothing watches */
 }
 
-void TokenCache::mem_dereg(void *, ucs_rcache_t *, ucs_rcache_region_t *r)
+void TokenCache::mem_dereg(void *ctx, ucs_rcache_t *, ucs_rcache_region_t *r)
 {
-    kreg_unwatch(reinterpret_cast<void *>(r->super.start),
-                 r->super.end - r->super.start);
+    if (static_cast<TokenCache *>(ctx)->watched_) {
+        kreg_unwatch(&reinterpret_cast<Region *>(r)->watch);
+    }
 }
 
 void TokenCache::dump(void *, ucs_rcache_t *, ucs_rcache_region_t *r, char *buf,
@@ -241,16 +219,14 @@ TokenCache::Hit TokenCache::lookup(void *addr, size_t len)
         ++uncached_;
         return hit;
     }
-    kreg_prepare_lookup(addr, len);
     ucs_rcache_region_t *r = nullptr;
-    ucs_status_t st = ucs_rcache_get(rcache_, addr, len, PROT_READ, addr, &r);
-    const uint64_t now = *static_cast<volatile uint64_t *>(addr);
+    ucs_status_t st = kreg_rcache_get(rcache_, addr, len, PROT_READ, addr,
+                                      offsetof(Region, watch), &r);
     if (st != UCS_OK) {
         ++uncached_; /* an uncached registration reads the memory as it is */
-        hit.ok = true;
         return hit;
     }
-    hit.ok     = true;
+    const uint64_t now = *static_cast<volatile uint64_t *>(addr);
     hit.cached = true;
     hit.stale  = reinterpret_cast<Region *>(r)->token != now;
     ucs_rcache_region_put(rcache_, r);

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -16,15 +17,14 @@
 extern "C" {
 #include <ucs/memory/rcache.h> /* has no C++ guards */
 }
-#include <atomic>
 
 #include "kreg_config.h"
+#include "tools/child_process.h"
 
 /* Forked children of this multi-threaded process: TSan cannot follow a
  * child that starts threads again ("dup thread with used id"), and under
- * GCC 12's ASan such children hung at random in CI (three different tests;
- * consistent with its allocator taking no lock around fork, not proven).
- * The plain and UBSan builds run these tests. */
+ * GCC 12's ASan such children hung at random in CI (see the README's ASan
+ * note). The plain and UBSan builds run these tests. */
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER() \
     GTEST_SKIP() << "forked children are unreliable under this sanitizer; the " \
@@ -35,7 +35,75 @@ extern "C" {
 
 namespace kreg_test {
 
+using kreg_tools::ChildResult;
+using kreg_tools::run_child;
+
 size_t page();
+
+/* The configurations the parameterised suites run in: a backend and a
+ * mode, as a user sets them. */
+struct Config {
+    const char *name;     /* test-name suffix */
+    const char *backend;  /* UCX_KREG_BACKEND */
+    const char *mode;     /* UCX_KREG_MODE */
+    bool        no_wp_async; /* UCX_KREG_WP_ASYNC=n: the 6.1 kernel's check */
+    bool        exact;    /* a lookup never returns a replaced page */
+};
+/* kAuto: what a user gets with nothing set */
+/* gtest prints a parameter that fails with this */
+void PrintTo(const Config &config, std::ostream *os);
+extern const Config kAuto, kUffd, kUffdWp, kUffdPlain, kNotifier, kNotifierPlain;
+/* the exact ones, for the suites that assert exactness */
+std::vector<Config> exact_configs();
+std::vector<Config> all_configs();
+std::string config_name(const testing::TestParamInfo<Config> &info);
+
+/* kreg_start() for the test's lifetime in one configuration. skip() says
+ * why the configuration cannot run here (no module, ...), or "". */
+class Source {
+public:
+    explicit Source(const Config &config);
+    Source() : Source(kUffd) {}
+    ~Source();
+    ucs_status_t status() const { return status_; }
+    const std::string &skip() const { return skip_; }
+
+private:
+    ucs_status_t status_;
+    std::string  skip_;
+};
+
+/* SetUp of a suite parameterised by Config: starts the source, or skips
+ * with the reason. */
+#define KREG_START_OR_SKIP(_source, _config) \
+    do { \
+        (_source) = std::make_unique<Source>(_config); \
+        if (!(_source)->skip().empty()) { \
+            GTEST_SKIP() << (_source)->skip(); \
+        } \
+        ASSERT_EQ(UCS_OK, (_source)->status()) << "kreg_start failed"; \
+    } while (0)
+
+/* A kreg_watch_t that unwatches when it goes out of scope. */
+class Watch {
+public:
+    Watch() = default;
+    Watch(void *addr, size_t len) { watch(addr, len); }
+    ~Watch() { kreg_unwatch(&w_); }
+    Watch(const Watch &) = delete;
+    Watch &operator=(const Watch &) = delete;
+    int watch(void *addr, size_t len, kreg_reason_t *why = nullptr)
+    {
+        kreg_unwatch(&w_);
+        return kreg_watch(addr, len, &w_, why);
+    }
+    void unwatch() { kreg_unwatch(&w_); }
+    bool current() const { return kreg_watch_is_current(&w_); }
+    kreg_watch_t *get() { return &w_; }
+
+private:
+    kreg_watch_t w_{};
+};
 
 /* Records every UCM_EVENT_VM_UNMAPPED range, whatever reports it. */
 class EventLog {
@@ -53,39 +121,23 @@ private:
     std::vector<std::pair<uintptr_t, uintptr_t>> ranges_;
 };
 
-/* kreg_start() for the test's lifetime, in the mode given (or the env's);
- * "verify-wp" is verify mode with WP_ASYNC off. */
-class Source {
-public:
-    explicit Source(const char *mode = nullptr);
-    ~Source();
-    ucs_status_t status() const { return status_; }
-
-private:
-    ucs_status_t status_;
-};
-
-/* verify or verify-wp */
-bool is_verify(const char *mode);
+/* Ranges the kernel reported through the backend's own reader (not found
+ * by a lookup's check): stats.dispatched. */
+uint64_t kernel_reports();
 
 /* A fresh anonymous mapping of `len` bytes (optionally at `hint`). */
 void *map_anon(size_t len, void *hint = nullptr, int extra_flags = 0);
 
-struct ChildResult {
-    int         status = -1;  /* exit code, or 128+signal, or -1 timeout */
-    std::string output;       /* stdout and stderr */
-};
-
-/* Runs fn in a forked child with a timeout; fn's return value is the exit
- * code. Output of the child is captured. */
-ChildResult run_child(const std::function<int()> &fn, int timeout_s = 20);
-
-/* A real ucs_rcache watched by libucm_kernel, with an oracle: every mapping
+/* A real ucs_rcache watched by libucm_kernel the way an md watches it
+ * (kreg_register_watched, kreg_rcache_get), with an oracle: every mapping
  * starts with a token the test writes; each registration records the token
- * it saw, so a hit whose token differs from the memory's is a stale entry. */
+ * it saw, so a hit whose token differs from the memory's is a stale entry.
+ * (The pinned-page oracle is tools/uring_rcache.) */
 class TokenCache {
 public:
-    TokenCache();
+    /* watched=false: registrations nothing watches, for showing that the
+     * oracle can fail */
+    explicit TokenCache(bool watched = true);
     ~TokenCache();
 
     struct Hit {
@@ -93,7 +145,6 @@ public:
         bool     stale;    /* the entry belonged to another mapping */
         bool     cached;   /* came from the cache (not uncached fallback) */
     };
-    /* Lookup as a transport would: prepare, get, check, put. */
     Hit lookup(void *addr, size_t len);
 
     bool created() const { return rcache_ != nullptr; }
@@ -103,8 +154,8 @@ public:
 private:
     struct Region {
         ucs_rcache_region_t super;
+        kreg_watch_t        watch;
         uint64_t            token;
-        bool                watched;
     };
     static ucs_status_t mem_reg(void *ctx, ucs_rcache_t *rc, void *arg,
                                 ucs_rcache_region_t *r, uint16_t flags);
@@ -113,6 +164,7 @@ private:
                      char *buf, size_t max);
 
     ucs_rcache_t            *rcache_ = nullptr;
+    bool                     watched_;
     std::atomic<uint64_t>    regs_{0}, uncached_{0};
 };
 

@@ -56,7 +56,8 @@ int refused_start(int err, bool allow_device, kreg_reason_t expect)
         }
         void *p = map_anon(4096);
         kreg_reason_t why;
-        if (kreg_watch(p, 4096, &why) != 0 || why != expect) {
+        Watch w;
+        if (w.watch(p, 4096, &why) != 0 || why != expect) {
             return 13;
         }
         /* a cache in this state caches nothing */
@@ -80,7 +81,7 @@ protected:
             ASSERT_EQ(UCS_OK, source_.status());
         }
     }
-    Source source_;
+    Source source_{kAuto};
 };
 
 TEST_F(Fallbacks, EnosysWithoutDevice)
@@ -129,7 +130,8 @@ TEST_F(Fallbacks, EbusyWhenAnotherUserfaultfdWatches)
     kreg_stats_t before, after;
     kreg_get_stats(&before);
     kreg_reason_t why;
-    EXPECT_EQ(0, kreg_watch(p, len, &why));
+    Watch w;
+    EXPECT_EQ(0, w.watch(p, len, &why));
     EXPECT_EQ(KREG_REASON_EBUSY, why);
     kreg_get_stats(&after);
     EXPECT_EQ(before.fallbacks[KREG_REASON_EBUSY] + 1, after.fallbacks[KREG_REASON_EBUSY]);
@@ -163,7 +165,8 @@ TEST_F(Fallbacks, EinvalForFileMappingWithoutWpAsync)
             return 22;
         }
         kreg_reason_t why;
-        if (kreg_watch(p, 4096, &why) != 0) {
+        Watch w;
+        if (w.watch(p, 4096, &why) != 0) {
             return 23;
         }
         if (why != KREG_REASON_EINVAL) {
@@ -171,10 +174,10 @@ TEST_F(Fallbacks, EinvalForFileMappingWithoutWpAsync)
         }
         /* anonymous memory is still watched */
         void *a = map_anon(4096);
-        if (kreg_watch(a, 4096, nullptr) != 1) {
+        if (w.watch(a, 4096) != 1) {
             return 25;
         }
-        kreg_unwatch(a, 4096);
+        w.unwatch();
         kreg_stop();
         return 0;
     });
@@ -194,7 +197,7 @@ TEST_F(Fallbacks, BadOptionValueIsRefusedClearly)
         kreg_caps_t caps;
         kreg_query(&caps);
         void *p = map_anon(4096);
-        int w   = kreg_watch(p, 4096, nullptr);
+        int w   = Watch().watch(p, 4096);
         kreg_stop();
         return (st == UCS_ERR_INVALID_PARAM && !caps.running && w == 0) ? 0 : 30;
     });
@@ -213,7 +216,7 @@ TEST_F(Fallbacks, DisabledByOption)
         kreg_query(&caps);
         void *p = map_anon(4096);
         kreg_reason_t why;
-        int w = kreg_watch(p, 4096, &why);
+        int w = Watch().watch(p, 4096, &why);
         kreg_stop();
         return (st != UCS_OK && !caps.running && !caps.external_event &&
                 caps.reason == KREG_REASON_DISABLED && w == 0 &&
@@ -223,13 +226,65 @@ TEST_F(Fallbacks, DisabledByOption)
     EXPECT_NE(std::string::npos, r.output.find("UCX_KREG_ENABLE=n")) << r.output;
 }
 
+TEST_F(Fallbacks, NotifierAskedForWithoutTheModuleIsRefusedClearly)
+{
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
+    if (access("/dev/kreg_notifier", F_OK) == 0) {
+        GTEST_SKIP() << "the kreg_notifier module is loaded here; the host (no "
+                        "module support) runs this test";
+    }
+    auto r = run_child([] {
+        kreg_stop();
+        setenv("UCX_KREG_BACKEND", "notifier", 1);
+        ucs_status_t st = kreg_start();
+        kreg_caps_t caps;
+        kreg_query(&caps);
+        void *p = map_anon(4096);
+        kreg_reason_t why;
+        int w = Watch().watch(p, 4096, &why);
+        kreg_stop();
+        return (st != UCS_OK && !caps.running && caps.reason == KREG_REASON_NO_DEVICE &&
+                w == 0 && why == KREG_REASON_NO_DEVICE) ? 0 : 50;
+    });
+    EXPECT_EQ(0, r.status) << r.output;
+    EXPECT_NE(std::string::npos, r.output.find("no kreg_notifier module")) << r.output;
+}
+
+TEST_F(Fallbacks, AutoWithoutTheModuleChoosesUffdAndSaysWhy)
+{
+    if (access("/dev/kreg_notifier", F_OK) == 0) {
+        GTEST_SKIP() << "the kreg_notifier module is loaded here";
+    }
+    kreg_caps_t caps;
+    kreg_query(&caps);
+    EXPECT_EQ(KREG_BACKEND_UFFD, caps.backend);
+    EXPECT_NE(nullptr, strstr(caps.why_backend, "not loaded")) << caps.why_backend;
+}
+
+TEST_F(Fallbacks, BadBackendValueIsRefusedClearly)
+{
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
+    auto r = run_child([] {
+        kreg_stop();
+        setenv("UCX_KREG_BACKEND", "ebpf", 1);
+        ucs_status_t st = kreg_start();
+        kreg_caps_t caps;
+        kreg_query(&caps);
+        kreg_stop();
+        return (st == UCS_ERR_INVALID_PARAM && !caps.running &&
+                caps.reason == KREG_REASON_BAD_CONFIG) ? 0 : 60;
+    });
+    EXPECT_EQ(0, r.status) << r.output;
+    EXPECT_NE(std::string::npos, r.output.find("KREG_BACKEND")) << r.output;
+}
+
 TEST_F(Fallbacks, VerifyAsksPagemapScanWhereTheKernelHasIt)
 {
     kreg_caps_t caps;
     kreg_query(&caps);
     if (!caps.wp_async) {
-        GTEST_SKIP() << "no WP_ASYNC in this kernel: verify uses UFFDIO_WRITEPROTECT, "
-                        "covered by the verify_wp instances";
+        GTEST_SKIP() << "no WP_ASYNC in this kernel: the check uses "
+                        "UFFDIO_WRITEPROTECT, covered by the uffd_wp instances";
     }
     EXPECT_TRUE(caps.verify_by_scan);
 }
@@ -243,7 +298,7 @@ TEST_F(Fallbacks, UnderValgrindFallsBack)
         EXPECT_FALSE(caps.running);
         EXPECT_EQ(KREG_REASON_VALGRIND, caps.reason);
         void *p = map_anon(4096);
-        EXPECT_EQ(0, kreg_watch(p, 4096, nullptr));
+        EXPECT_EQ(0, Watch().watch(p, 4096));
         /* an unwatched munmap must not block under valgrind */
         EXPECT_EQ(0, munmap(p, 4096));
         return;

@@ -14,7 +14,7 @@
  * hooks:  stock UCM hooks. Expected: stale rounds (the known UCX gap); the
  *         run passes when the oracle sees at least one.
  * kernel: libucm_kernel watches the registrations (kreg_start before
- *         ucs_rcache_create, kreg_watch in mem_reg, kreg_prepare_lookup
+ *         ucs_rcache_create, kreg_register_watched in mem_reg, kreg_rcache_get
  *         before every lookup). Pass: zero stale rounds. Run it with
  *         UCX_MEM_MALLOC_HOOKS=n UCX_MEM_MMAP_HOOK_MODE=none.
  *
@@ -61,6 +61,7 @@ constexpr unsigned kAccess   = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE 
 
 struct region {
     ucs_rcache_region_t super;
+    kreg_watch_t        watch; /* kernel mode */
     ibv_mr             *mr;
 };
 
@@ -68,35 +69,52 @@ struct ctx {
     ibv_pd  *pd;
     bool     kernel;
     unsigned regs;     /* ibv_reg_mr calls made by the cache */
-    unsigned refused;  /* kreg_watch() refusals */
+    unsigned refused;  /* watch refusals */
     kreg_reason_t last_reason;
+};
+
+/* what kreg_register_watched calls to register and deregister */
+struct reg_args {
+    ctx    *c;
+    region *r;
+    static ucs_status_t reg(void *arg, void *start, size_t len)
+    {
+        auto *a  = static_cast<reg_args*>(arg);
+        a->r->mr = ibv_reg_mr(a->c->pd, start, len, kAccess);
+        return a->r->mr ? UCS_OK : UCS_ERR_IO_ERROR;
+    }
+    static void dereg(void *arg)
+    {
+        auto *a = static_cast<reg_args*>(arg);
+        ibv_dereg_mr(a->r->mr);
+        a->r->mr = nullptr;
+    }
 };
 
 ucs_status_t mem_reg(void *context, ucs_rcache_t *, void *,
                      ucs_rcache_region_t *rregion, uint16_t)
 {
-    auto *c   = static_cast<ctx*>(context);
-    auto *r   = reinterpret_cast<region*>(rregion);
+    auto *c     = static_cast<ctx*>(context);
+    auto *r     = reinterpret_cast<region*>(rregion);
     void *start = reinterpret_cast<void*>(rregion->super.start);
     size_t len  = rregion->super.end - rregion->super.start;
+    reg_args args{c, r};
+    ucs_status_t st;
 
     if (c->kernel) {
         kreg_reason_t reason = KREG_REASON_NONE;
-        if (!kreg_watch(start, len, &reason)) {
+        st = kreg_register_watched(start, len, &r->watch, reg_args::reg,
+                                   reg_args::dereg, &args, &reason);
+        if (st == UCS_ERR_REJECTED) {
             ++c->refused;
             c->last_reason = reason;
-            return UCS_ERR_UNSUPPORTED;  /* not cached: caller goes uncached */
+            return st;  /* not cached: caller goes uncached */
         }
+    } else {
+        st = reg_args::reg(&args, start, len);
     }
-    r->mr = ibv_reg_mr(c->pd, start, len, kAccess);
-    if (r->mr == nullptr) {
-        if (c->kernel) {
-            kreg_unwatch(start, len);
-        }
-        return UCS_ERR_IO_ERROR;
-    }
-    ++c->regs;
-    return UCS_OK;
+    c->regs += (st == UCS_OK);
+    return st;
 }
 
 void mem_dereg(void *context, ucs_rcache_t *, ucs_rcache_region_t *rregion)
@@ -105,8 +123,7 @@ void mem_dereg(void *context, ucs_rcache_t *, ucs_rcache_region_t *rregion)
     auto *r = reinterpret_cast<region*>(rregion);
     ibv_dereg_mr(r->mr);
     if (c->kernel) {
-        kreg_unwatch(reinterpret_cast<void*>(rregion->super.start),
-                     rregion->super.end - rregion->super.start);
+        kreg_unwatch(&r->watch);
     }
 }
 
@@ -346,8 +363,9 @@ int main(int argc, char **argv)
         }
         kreg_caps_t caps{};
         kreg_query(&caps);
-        std::printf("kernel: kreg mode %s, external_event %d, wp_async %d\n",
-                    kreg_mode_str(caps.mode), caps.external_event, caps.wp_async);
+        std::printf("kernel: kreg backend %s, mode %s, external_event %d, wp_async %d\n",
+                    kreg_backend_str(caps.backend), kreg_mode_str(caps.mode),
+                    caps.external_event, caps.wp_async);
     }
 
     /* The peer's buffer: registered directly, never remapped. */
@@ -375,15 +393,13 @@ int main(int argc, char **argv)
     }
 
     auto lookup = [&](void *addr) -> region* {
-        if (kernel) {
-            kreg_prepare_lookup(addr, kLen);
-        }
         ucs_rcache_region_t *r = nullptr;
-        if (ucs_rcache_get(rcache, addr, kLen, PROT_READ | PROT_WRITE, nullptr,
-                           &r) != UCS_OK) {
-            return nullptr;
-        }
-        return reinterpret_cast<region*>(r);
+        ucs_status_t st =
+                kernel ? kreg_rcache_get(rcache, addr, kLen, PROT_READ | PROT_WRITE,
+                                         nullptr, offsetof(region, watch), &r) :
+                         ucs_rcache_get(rcache, addr, kLen, PROT_READ | PROT_WRITE,
+                                        nullptr, &r);
+        return (st == UCS_OK) ? reinterpret_cast<region*>(r) : nullptr;
     };
     /* Write through the cache, or uncached when the cache refuses. */
     auto send = [&](void *addr, region *r) {

@@ -1,0 +1,359 @@
+/* The notifier backend: the kreg_notifier module (kmod/) through
+ * /dev/kreg_notifier.
+ *
+ * Each watch is one mmu_interval_notifier in the kernel with a counter in
+ * a page array mapped read-only here; the kernel bumps it in the changing
+ * thread before any page of the range changes (munmap, every mremap,
+ * madvise, truncate and hole punch, migration), so a hit compares two
+ * numbers: no system call, no lock, no window. A reader thread reads the
+ * changed ranges from the descriptor and reports them to UCM, so that
+ * rcaches drop (and unpin) such registrations eagerly; nothing ever waits
+ * for it.
+ *
+ * After a fork the child has no counter mapping (the module maps it
+ * VM_DONTCOPY) and its descriptor speaks for the parent: the child maps
+ * zero pages where the counters were, so every inherited watch reads 0
+ * (a snapshot is never 0) and is stale, and opens its own descriptor. */
+#include "backend.h"
+#include "dispatch.h"
+
+#include "kmod/uapi/kreg_notifier.h"
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <mutex>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <vector>
+
+#include <ucs/debug/log_def.h>
+#include <ucs/sys/string.h>
+
+namespace kreg {
+namespace {
+
+kreg_reason_t reason_of(int err)
+{
+    switch (err) {
+    case ENOENT:
+    case ENODEV:
+    case ENXIO:  return KREG_REASON_NO_DEVICE;
+    case EPERM:
+    case EACCES: return KREG_REASON_EPERM;
+    case ENOSPC:
+    case ENOMEM: return KREG_REASON_LIMIT;
+    case EINVAL:
+    case EOVERFLOW:
+    case EFAULT: return KREG_REASON_BAD_INPUT;
+    default:     return KREG_REASON_OTHER;
+    }
+}
+
+class NotifierBackend final : public Backend {
+public:
+    kreg_backend_t kind() const override { return KREG_BACKEND_NOTIFIER; }
+
+    bool start(const kreg_options_t &opts, StartError *err) override
+    {
+        auto fail = [&](kreg_reason_t why, const std::string &text) {
+            err->reason = why;
+            err->text   = text;
+            close_all();
+            return false;
+        };
+
+        fd_ = open(KREG_NF_DEVICE, O_RDWR | O_CLOEXEC | O_NONBLOCK);
+        if (fd_ < 0) {
+            return fail(reason_of(errno),
+                        std::string(KREG_NF_DEVICE ": ") + strerror(errno));
+        }
+        struct kreg_nf_info info = {};
+        if (ioctl(fd_, KREG_NF_IOC_INFO, &info) != 0) {
+            return fail(reason_of(errno),
+                        std::string("KREG_NF_IOC_INFO: ") + strerror(errno));
+        }
+        if (info.abi_version != KREG_NF_ABI_VERSION) {
+            return fail(KREG_REASON_OTHER,
+                        "the kreg_notifier module speaks ABI " +
+                        std::to_string(info.abi_version) + ", this library " +
+                        std::to_string(KREG_NF_ABI_VERSION));
+        }
+        void *map = mmap(nullptr, info.counters_size, PROT_READ, MAP_SHARED, fd_, 0);
+        if (map == MAP_FAILED) {
+            return fail(reason_of(errno),
+                        std::string("mmap of the counters: ") + strerror(errno));
+        }
+        counters_      = static_cast<const volatile uint64_t *>(map);
+        counters_size_ = info.counters_size;
+        max_ranges_    = info.max_ranges;
+        if ((opts.max_ranges != UCS_ULUNITS_AUTO) && (opts.max_ranges < max_ranges_)) {
+            max_ranges_ = opts.max_ranges;
+        }
+        live_.assign(info.max_ranges, Range{0, 0});
+        live_count_ = 0;
+        plain_      = opts.mode == KREG_MODE_PLAIN;
+
+        wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (wake_fd_ < 0) {
+            return fail(KREG_REASON_OTHER, std::string("eventfd: ") + strerror(errno));
+        }
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        const int rc = pthread_create(&reader_, nullptr, reader_main, this);
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        if (rc != 0) {
+            return fail(KREG_REASON_OTHER, std::string("pthread_create: ") + strerror(rc));
+        }
+        pthread_setname_np(reader_, "kreg-notifier");
+        reader_running_ = true;
+        ucs_debug("kreg: %s, ABI %u, %lu ranges at most, counters %zu bytes at %p",
+                  KREG_NF_DEVICE, info.abi_version, max_ranges_, counters_size_,
+                  (const void *)counters_);
+        return true;
+    }
+
+    void stop() override
+    {
+        stop_reader();
+        std::vector<Range> all;
+        {
+            std::lock_guard<std::mutex> guard(lock_);
+            for (Range &r : live_) {
+                if (r.second != 0) {
+                    all.push_back(r);
+                    r = Range{0, 0};
+                }
+            }
+            live_count_ = 0;
+            close_all(); /* the kernel removes every notifier */
+        }
+        for (const Range &r : all) {
+            dispatch(r.first, r.second);
+        }
+    }
+
+    kreg_reason_t watch(uintptr_t start, uintptr_t end, kreg_watch_t *w,
+                        int *err) override
+    {
+        std::lock_guard<std::mutex> guard(lock_);
+        if (fd_ < 0) {
+            return KREG_REASON_NOT_STARTED;
+        }
+        if (live_count_ >= max_ranges_) {
+            return KREG_REASON_LIMIT;
+        }
+        struct kreg_nf_register reg = {};
+        reg.start = start;
+        reg.len   = end - start;
+        if (ioctl(fd_, KREG_NF_IOC_REGISTER, &reg) != 0) {
+            *err = errno;
+            return reason_of(*err);
+        }
+        live_[reg.slot] = Range{start, end};
+        ++live_count_;
+        w->start      = start;
+        w->end        = end;
+        w->slot       = reg.slot;
+        w->generation = generation();
+        if (plain_) {
+            /* measurements only: the hit compares nothing */
+            w->counter  = generation_word();
+            w->snapshot = *w->counter;
+        } else {
+            w->counter  = &counters_[reg.slot];
+            w->snapshot = reg.counter;
+        }
+        return KREG_REASON_NONE;
+    }
+
+    kreg_reason_t confirm(const kreg_watch_t *w) override
+    {
+        /* Pinning can change the pages (a write fault on the zero page, a
+         * COW break): then the counter moved and what was pinned may not
+         * be what a later hit finds. */
+        if (plain_ || (counters_[w->slot] == w->snapshot)) {
+            return KREG_REASON_NONE;
+        }
+        return KREG_REASON_CHANGED;
+    }
+
+    void unwatch(const kreg_watch_t *w) override
+    {
+        std::lock_guard<std::mutex> guard(lock_);
+        if ((fd_ < 0) || (w->slot >= live_.size())) {
+            return;
+        }
+        struct kreg_nf_unregister unreg = {};
+        unreg.slot = w->slot;
+        if (ioctl(fd_, KREG_NF_IOC_UNREGISTER, &unreg) != 0) {
+            ucs_warn("kreg: unregistering slot %u (0x%lx..0x%lx) failed: %m",
+                     w->slot, w->start, w->end);
+            return;
+        }
+        live_[w->slot] = Range{0, 0};
+        --live_count_;
+    }
+
+    int prepare_lookup(uintptr_t, uintptr_t) override { return 1; }
+
+    void sync() override
+    {
+        for (;;) {
+            const uint32_t seen = read_seq_.load();
+            struct pollfd pfd  = {fd_, POLLIN, 0};
+            if ((poll(&pfd, 1, 0) <= 0) || !(pfd.revents & POLLIN)) {
+                break;
+            }
+            read_seq_.wait(seen);
+        }
+        while (reading_.load()) {
+            reading_.wait(1);
+        }
+    }
+
+    void lock_for_fork() override { lock_.lock(); }
+    void unlock_after_fork() override { lock_.unlock(); }
+
+    void forget_after_fork() override
+    {
+        /* VM_DONTCOPY: the child has nothing mapped there; zero pages make
+         * every inherited watch read 0, never a snapshot */
+        if (counters_ != nullptr) {
+            (void)mmap(const_cast<uint64_t *>(counters_), counters_size_, PROT_READ,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+            counters_ = nullptr;
+        }
+        if (fd_ >= 0) {
+            ::close(fd_); /* the child's reference; the parent's stays */
+            fd_ = -1;
+        }
+        if (wake_fd_ >= 0) {
+            ::close(wake_fd_);
+            wake_fd_ = -1;
+        }
+        reader_running_ = false;
+        live_.assign(live_.size(), Range{0, 0});
+        live_count_ = 0;
+    }
+
+    void query(kreg_caps_t *caps) const override
+    {
+        caps->max_ranges = max_ranges_;
+    }
+
+    void add_stats(kreg_stats_t *stats) const override
+    {
+        stats->events[KREG_EV_NOTIFY] += notified_.load();
+        stats->dispatched += notified_.load();
+        std::lock_guard<std::mutex> guard(lock_);
+        if (fd_ >= 0) {
+            stats->watched_ranges += live_count_;
+            for (const Range &r : live_) {
+                stats->watched_bytes += r.second - r.first;
+            }
+        }
+    }
+
+private:
+    using Range = std::pair<uintptr_t, uintptr_t>;
+
+    static void *reader_main(void *arg)
+    {
+        static_cast<NotifierBackend *>(arg)->read_loop();
+        return nullptr;
+    }
+
+    void read_loop()
+    {
+        struct kreg_nf_event ev[64];
+        struct pollfd pfd[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+        for (;;) {
+            if ((poll(pfd, 2, -1) < 0) && (errno != EINTR)) {
+                ucs_error("kreg notifier reader: poll failed: %m");
+                return;
+            }
+            if (pfd[1].revents) {
+                return;
+            }
+            reading_.store(1);
+            ssize_t len;
+            while ((len = read(fd_, ev, sizeof(ev))) > 0) {
+                const size_t n = static_cast<size_t>(len) / sizeof(ev[0]);
+                for (size_t i = 0; i < n; ++i) {
+                    dispatch(ev[i].start, ev[i].end);
+                }
+                notified_.fetch_add(n, std::memory_order_relaxed);
+                read_seq_.fetch_add(1);
+                read_seq_.notify_all();
+            }
+            if ((len < 0) && (errno != EAGAIN) && (errno != EINTR)) {
+                ucs_error("kreg notifier reader: read failed: %m");
+                poll(&pfd[1], 1, 100); /* don't spin; stay alive */
+            }
+            reading_.store(0);
+            reading_.notify_all();
+        }
+    }
+
+    void stop_reader()
+    {
+        if (reader_running_) {
+            uint64_t one = 1;
+            (void)!write(wake_fd_, &one, sizeof(one));
+            pthread_join(reader_, nullptr);
+            reader_running_ = false;
+        }
+    }
+
+    /* Every watch still out there reads zero pages from now on. */
+    void close_all()
+    {
+        if (counters_ != nullptr) {
+            (void)mmap(const_cast<uint64_t *>(counters_), counters_size_, PROT_READ,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+            counters_ = nullptr;
+        }
+        if (fd_ >= 0) {
+            ::close(fd_);
+            fd_ = -1;
+        }
+        if (wake_fd_ >= 0) {
+            ::close(wake_fd_);
+            wake_fd_ = -1;
+        }
+    }
+
+    int                      fd_      = -1;
+    int                      wake_fd_ = -1;
+    const volatile uint64_t  *counters_ = nullptr;
+    size_t                   counters_size_ = 0;
+    unsigned long            max_ranges_ = 0;
+    bool                     plain_ = false;
+    pthread_t                reader_{};
+    bool                     reader_running_ = false;
+
+    mutable std::mutex       lock_; /* live_, fd_ for ioctls */
+    std::vector<Range>       live_; /* slot -> range */
+    unsigned long            live_count_ = 0;
+
+    std::atomic<uint32_t>    reading_{0}, read_seq_{0};
+    std::atomic<uint64_t>    notified_{0};
+};
+
+} // namespace
+
+Backend &notifier_backend()
+{
+    static Backend *const b = new NotifierBackend; /* never destroyed */
+    return *b;
+}
+
+} // namespace kreg

@@ -1,0 +1,337 @@
+/* The process's event source: reference count, backend choice, external
+ * declaration, fork and exit.
+ *
+ * Its state is allocated once and never freed: a program may exit while
+ * other threads are inside kreg_watch() or the dispatcher is running, and
+ * the order of static destructors must not matter (exit with live
+ * threads). */
+#include "source.h"
+
+#include "dispatch.h"
+#include "kreg_config.h"
+#include "ucx_version.h"
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <pthread.h>
+#include <string>
+#include <unistd.h>
+
+#include <ucm/api/ucm.h>
+#include <ucs/debug/log_def.h>
+
+#include "kmod/uapi/kreg_notifier.h"
+
+#ifdef HAVE_VALGRIND_VALGRIND_H
+#include <valgrind/valgrind.h>
+#endif
+
+namespace kreg {
+namespace {
+
+struct State {
+    std::mutex               life_lock; /* start, stop, fork, restart */
+    unsigned                 refs = 0;
+    kreg_options_t           opts{};
+    bool                     opts_valid = false;
+    bool                     external   = false;
+    bool                     atfork_installed = false;
+    const char               *why_backend = "";
+    /* read by lookups without the lock */
+    std::atomic<Backend *>   running{nullptr};
+    std::atomic<int>         mode{KREG_MODE_VERIFY};
+    std::atomic<int>         reason{KREG_REASON_NOT_STARTED};
+    std::atomic<bool>        forked_child{false};
+    std::atomic<bool>        exiting{false};
+};
+
+State &state()
+{
+    static State *const s = new State; /* never destroyed, see above */
+    return *s;
+}
+
+/* 1 until the first stop or fork; watches without a counter of their own
+ * compare with it */
+std::atomic<uint64_t> g_generation{1};
+
+void bump_generation()
+{
+    g_generation.fetch_add(1);
+}
+
+/* Starts the backend the options ask for (auto: the notifier where its
+ * device is, else userfaultfd); life_lock held. */
+bool open_backend(State &s, StartError *err)
+{
+    struct Candidate {
+        Backend    *backend;
+        const char *why;
+    } tries[2];
+    int n = 0;
+
+    switch (s.opts.backend) {
+    case KREG_BACKEND_CHOICE_UFFD:
+        tries[n++] = {&uffd_backend(), "UCX_KREG_BACKEND=uffd"};
+        break;
+    case KREG_BACKEND_CHOICE_NOTIFIER:
+        tries[n++] = {&notifier_backend(), "UCX_KREG_BACKEND=notifier"};
+        break;
+    default:
+        if (access(KREG_NF_DEVICE, F_OK) == 0) {
+            tries[n++] = {&notifier_backend(), KREG_NF_DEVICE " is present"};
+            tries[n++] = {&uffd_backend(), "the notifier device failed to start"};
+        } else {
+            tries[n++] = {&uffd_backend(),
+                          "no " KREG_NF_DEVICE ": the kreg_notifier module is "
+                          "not loaded"};
+        }
+        break;
+    }
+
+    for (int i = 0; i < n; ++i) {
+        Backend *b = tries[i].backend;
+        if (!b->start(s.opts, err)) {
+            if (i + 1 < n) {
+                ucs_diag("kreg: the %s backend cannot start: %s",
+                         kreg_backend_str(b->kind()), err->text.c_str());
+            }
+            continue;
+        }
+        s.why_backend = tries[i].why;
+        s.mode        = s.opts.mode;
+        s.reason      = KREG_REASON_NONE;
+        s.running.store(b, std::memory_order_release);
+        ucs_info("kreg: watching registered memory through the %s backend "
+                 "(%s), mode %s", kreg_backend_str(b->kind()), tries[i].why,
+                 kreg_mode_names[s.opts.mode]);
+        return true;
+    }
+    return false;
+}
+
+/* "UCX_KREG_A=x UCX_KREG_B=y": what the user set, for the error line */
+std::string kreg_env_settings()
+{
+    std::string out;
+    for (char **e = environ; *e != nullptr; ++e) {
+        if (strncmp(*e, "UCX_KREG_", 9) == 0) {
+            out += (out.empty() ? "" : " ") + std::string(*e);
+        }
+    }
+    return out.empty() ? std::string("UCX_KREG_*") : out;
+}
+
+/* Stops the running backend; life_lock held. */
+void close_backend(State &s)
+{
+    Backend *b = s.running.exchange(nullptr);
+    if (b != nullptr) {
+        b->stop();
+        bump_generation();
+    }
+}
+
+void atfork_prepare()
+{
+    State &s = state();
+    s.life_lock.lock();
+    if (Backend *b = s.running.load()) {
+        b->lock_for_fork();
+    }
+    dispatch_hold();
+}
+
+void atfork_parent()
+{
+    State &s = state();
+    dispatch_release();
+    if (Backend *b = s.running.load()) {
+        b->unlock_after_fork();
+    }
+    s.life_lock.unlock();
+}
+
+void atfork_child()
+{
+    State &s = state();
+    dispatch_reset_after_fork();
+    if (Backend *b = s.running.exchange(nullptr)) {
+        /* The child has no monitor threads, and its descriptor speaks for
+         * the parent's memory: forget both; the first call restarts. */
+        b->unlock_after_fork();
+        b->forget_after_fork();
+        s.reason       = KREG_REASON_FORKED;
+        s.forked_child = true;
+    }
+    bump_generation(); /* every watch inherited from the parent is stale */
+    s.life_lock.unlock();
+}
+
+/* In a forked child, the first call of any kind: the child's own source,
+ * if the parent's was running. */
+void restart_in_child()
+{
+    State &s = state();
+    std::lock_guard<std::mutex> guard(s.life_lock);
+    if (!s.forked_child.exchange(false) || (s.refs == 0)) {
+        return;
+    }
+    StartError err;
+    if (!open_backend(s, &err)) {
+        s.reason = KREG_REASON_FORKED;
+        ucs_warn("kreg: cannot restart in the forked child: %s; every "
+                 "registration is uncached", err.text.c_str());
+    }
+}
+
+inline void check_fork()
+{
+    if (__builtin_expect(state().forked_child.load(std::memory_order_relaxed), 0)) {
+        restart_in_child();
+    }
+}
+
+/* Exit: nothing may dispatch into UCX while its destructors run, and no
+ * lookup may wait for a dispatcher that is held. Runs before libucm's and
+ * libucs's destructors (they are our dependencies). */
+__attribute__((destructor)) void source_at_exit()
+{
+    state().exiting = true;
+    dispatch_hold();
+}
+
+} // namespace
+
+const volatile uint64_t *generation_word()
+{
+    return reinterpret_cast<const volatile uint64_t *>(&g_generation);
+}
+
+uint32_t generation()
+{
+    return static_cast<uint32_t>(g_generation.load(std::memory_order_acquire));
+}
+
+ucs_status_t source_start()
+{
+    check_fork();
+    State &s = state();
+    std::lock_guard<std::mutex> guard(s.life_lock);
+    if (s.refs++ > 0) {
+        return s.running.load() ? UCS_OK : UCS_ERR_UNSUPPORTED;
+    }
+
+    StartError err;
+    ucs_status_t status = UCS_ERR_UNSUPPORTED;
+    if (kreg_options_read(&s.opts) != UCS_OK) {
+        err.reason = KREG_REASON_BAD_CONFIG;
+        err.text   = "a bad value among " + kreg_env_settings() +
+                     " (see the error above)";
+        status     = UCS_ERR_INVALID_PARAM;
+    } else if (s.opts_valid = true, !s.opts.enable) {
+        err.reason = KREG_REASON_DISABLED;
+        err.text   = "UCX_KREG_ENABLE=n";
+    } else if (!ucx_version_matches(&err.text)) {
+        err.reason = KREG_REASON_OTHER;
+#ifdef HAVE_VALGRIND_VALGRIND_H
+    } else if (RUNNING_ON_VALGRIND) {
+        /* Valgrind runs one thread at a time and doesn't treat munmap as
+         * blocking: a munmap waiting for the uffd reader would wait
+         * forever. */
+        err.reason = KREG_REASON_VALGRIND;
+        err.text   = "running under valgrind";
+#endif
+    } else {
+        if (!s.atfork_installed) {
+            pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+            s.atfork_installed = true;
+        }
+        if (open_backend(s, &err)) {
+            ucm_set_external_event(UCM_EVENT_VM_UNMAPPED);
+            s.external = true;
+            return UCS_OK;
+        }
+    }
+
+    s.reason = err.reason;
+    ucs_warn("kreg: kernel memory events unavailable: %s (%s); registrations "
+             "are not watched by the kernel", err.text.c_str(),
+             kreg_reason_str(err.reason));
+    return status;
+}
+
+void source_stop()
+{
+    check_fork();
+    State &s = state();
+    std::lock_guard<std::mutex> guard(s.life_lock);
+    if (s.refs == 0) {
+        ucs_warn("kreg: kreg_stop() without kreg_start()");
+        return;
+    }
+    if (--s.refs > 0) {
+        return;
+    }
+    close_backend(s);
+    if (s.external) {
+        ucm_unset_external_event(UCM_EVENT_VM_UNMAPPED);
+        s.external = false;
+    }
+    if (s.opts_valid) {
+        kreg_options_release(&s.opts);
+        s.opts_valid = false;
+    }
+    s.reason = KREG_REASON_NOT_STARTED;
+}
+
+Backend *source_backend()
+{
+    check_fork();
+    State &s = state();
+    if (__builtin_expect(s.exiting.load(std::memory_order_relaxed), 0)) {
+        return nullptr;
+    }
+    return s.running.load(std::memory_order_acquire);
+}
+
+kreg_mode_t source_mode()
+{
+    return static_cast<kreg_mode_t>(state().mode.load(std::memory_order_relaxed));
+}
+
+kreg_reason_t source_reason()
+{
+    const auto r = static_cast<kreg_reason_t>(state().reason.load());
+    return (r == KREG_REASON_NONE) ? KREG_REASON_NOT_STARTED : r;
+}
+
+void source_query(kreg_caps_t *caps)
+{
+    check_fork();
+    State &s = state();
+    std::lock_guard<std::mutex> guard(s.life_lock);
+    *caps                = kreg_caps_t{};
+    Backend *b           = s.running.load();
+    caps->running        = b != nullptr;
+    caps->backend        = b ? b->kind() : KREG_BACKEND_NONE;
+    caps->mode           = static_cast<kreg_mode_t>(s.mode.load());
+    caps->reason         = b ? KREG_REASON_NONE : source_reason();
+    caps->why_backend    = b ? s.why_backend : "";
+    caps->external_event = s.external;
+    if (b != nullptr) {
+        b->query(caps);
+    }
+}
+
+void source_add_stats(kreg_stats_t *stats)
+{
+    State &s = state();
+    std::lock_guard<std::mutex> guard(s.life_lock);
+    for (Backend *b : {&uffd_backend(), &notifier_backend()}) {
+        b->add_stats(stats);
+    }
+}
+
+} // namespace kreg

@@ -1,0 +1,25 @@
+/* The process's event source: which backend runs, its reference count, the
+ * external declaration, and what fork and exit do to them. */
+#ifndef UCX_KREG_SOURCE_H
+#define UCX_KREG_SOURCE_H
+
+#include "backend.h"
+
+namespace kreg {
+
+ucs_status_t source_start();
+void source_stop();
+
+/* The running backend, or nullptr. In a forked child the first call
+ * restarts the source (the child's own descriptor and threads). */
+Backend *source_backend();
+kreg_mode_t source_mode();
+/* Why nothing runs, when source_backend() is nullptr. */
+kreg_reason_t source_reason();
+
+void source_query(kreg_caps_t *caps);
+void source_add_stats(kreg_stats_t *stats);
+
+} // namespace kreg
+
+#endif
