@@ -132,6 +132,42 @@ TEST_P(Rcache, FreeThenMallocAtTheSameAddressMisses)
     }
 }
 
+/* While other threads unmap unrelated watched memory, events are in
+ * flight all the time (the write-protect check then says EAGAIN for any
+ * range): lookups of a buffer nobody touched must keep hitting its entry,
+ * never drop it. */
+TEST_P(Rcache, UnrelatedUnmapsInFlightDoNotDropAnEntry)
+{
+    void *p = map_with_token(nullptr, len);
+    ASSERT_TRUE(cache_->lookup(p, len).cached);
+    const uint64_t regs = cache_->registrations();
+    std::atomic<bool> stop{false};
+    std::atomic<unsigned> unmaps{0};
+    std::thread churn([&] {
+        while (!stop.load()) {
+            void *q = map_anon(len);
+            Watch w(q, len);
+            syscall(SYS_munmap, q, len);
+            ++unmaps;
+        }
+    });
+    unsigned stale = 0, lookups = 0;
+    const time_t deadline = time(nullptr) + 20;
+    while ((unmaps.load() < 2000) && (time(nullptr) < deadline)) {
+        stale += cache_->lookup(p, len).stale;
+        ++lookups;
+    }
+    stop = true;
+    churn.join();
+    EXPECT_EQ(0u, stale);
+    EXPECT_GE(unmaps.load(), 2000u) << "the other thread hardly ran (" << lookups
+                                    << " lookups)";
+    EXPECT_EQ(regs, cache_->registrations())
+            << "an entry was dropped for another range's event ("
+            << unmaps.load() << " unmaps meanwhile)";
+    munmap(p, len);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Rcache, testing::ValuesIn(all_configs()),
                          config_name);
 
