@@ -17,7 +17,39 @@
  *
  * The descriptor belongs to the address space (mm) that opened it: after a
  * fork the child gets -EPERM from every call on the inherited descriptor and
- * no copy of the counter mapping; it opens its own.
+ * no copy of the counter mapping; it opens its own. The same holds for a
+ * descriptor passed to another process, and after execve() (open it with
+ * O_CLOEXEC). poll() from another mm reports EPOLLERR.
+ *
+ * Registrations live until the descriptor's last reference goes: the last
+ * close(), or the munmap() of the counter mapping if that comes later (the
+ * mapping holds the file), or the process's exit.
+ *
+ * Checking a cached registration: REGISTER, keep the returned counter, pin
+ * the pages (ibv_reg_mr), then load the counter again: if it moved, the pin
+ * may hold old pages (unregister and start over). Afterwards, the entry is
+ * current iff the counter still equals the kept value.
+ *
+ * Errors (errno), any call: EPERM from another mm; ENOTTY for an unknown
+ * ioctl; EFAULT for an argument that cannot be read or written (nothing
+ * changes then: a REGISTER whose result cannot be written is undone); EINTR
+ * when a fatal signal arrives while the call waits for another one of the
+ * same descriptor, or (REGISTER) when any signal is pending while the
+ * kernel sets up notifiers for the process's first range: call again.
+ *   REGISTER    EINVAL  flags not 0, start or len not page aligned, len 0,
+ *                       start + len wraps or lies above the top of user
+ *                       space (TASK_SIZE)
+ *               ENOSPC  every slot of this descriptor is taken (max_ranges),
+ *                       or all descriptors together hold max_total_ranges
+ *                       (module parameters)
+ *               ENOMEM
+ *   UNREGISTER  EINVAL  flags not 0, slot >= max_ranges
+ *               ENOENT  nothing is registered in the slot
+ *   read()      EINVAL  count smaller than one record
+ *               EAGAIN  O_NONBLOCK and nothing queued (otherwise it blocks)
+ *   mmap()      EINVAL  offset not 0, or longer than counters_size
+ *               EACCES  PROT_WRITE, now or later (mprotect); the mapping is
+ *                       never copied into a child, grown or dumped
  */
 #ifndef _UAPI_KREG_NOTIFIER_H
 #define _UAPI_KREG_NOTIFIER_H
@@ -56,10 +88,14 @@ struct kreg_nf_unregister {
 
 /* read() returns whole records: ranges whose counter moved, each slot at
  * most once until it is read. A record's range is the one registered when
- * the change happened (the slot may have been unregistered since). */
+ * the change happened (the slot may have been unregistered since). A new
+ * registration takes a slot whose record is unread only when no other slot
+ * is free; a change of the new range then widens that record to cover both
+ * ranges. A record is dequeued only once it was copied out: a read() that
+ * fails with EFAULT loses none. */
 struct kreg_nf_event {
 	__u64 start;
-	__u64 end;
+	__u64 end;     /* exclusive: start + len of the registration */
 	__u32 slot;
 	__u32 flags;   /* 0 */
 };

@@ -1,0 +1,707 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * kreg_notifier: tells a process when the pages behind a registered range of
+ * its own address space change, through a counter per range that the
+ * process maps read-only (one load per check) and a queue of changed ranges
+ * that it read()s. User-space interface: uapi/kreg_notifier.h. Build, load
+ * and the test hooks: README.md.
+ *
+ * Each registered range gets an mmu_interval_notifier. Its invalidate
+ * callback runs in whatever thread changes the mapping (munmap, mremap,
+ * madvise, truncate, migration, ksmd, oom_reaper, exit), with or without
+ * mmap_lock, possibly where it must not sleep, possibly on several CPUs at
+ * once for one range: it only bumps an atomic counter and queues the slot
+ * under a spinlock.
+ *
+ * Locks, in the only order they nest:
+ *   ctx->lock (mutex)  REGISTER and UNREGISTER: slots, chunks, limits.
+ *                      Held across mmu_interval_notifier_insert() (which may
+ *                      take mmap_lock for writing) and _remove() (which may
+ *                      wait for invalidations). Never taken with mmap_lock
+ *                      held: mmap() does not take it.
+ *   ctx->ev_lock (spin) the event queue, the per-slot event state and the
+ *                      live/taken bitmaps. Taken by the invalidate callback;
+ *                      nothing that sleeps runs under it.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/atomic.h>
+#include <linux/bitmap.h>
+#include <linux/device.h>
+#include <linux/fs.h>
+#include <linux/miscdevice.h>
+#include <linux/minmax.h>
+#include <linux/mm.h>
+#include <linux/mmu_notifier.h>
+#include <linux/module.h>
+#include <linux/moduleparam.h>
+#include <linux/mutex.h>
+#include <linux/overflow.h>
+#include <linux/poll.h>
+#include <linux/sched/mm.h>
+#include <linux/slab.h>
+#include <linux/spinlock.h>
+#include <linux/uaccess.h>
+#include <linux/version.h>
+#include <linux/vmalloc.h>
+#include <linux/wait.h>
+
+#include "uapi/kreg_notifier.h"
+
+/* Upper bound of max_ranges: 8 MiB of counters per descriptor. */
+#define KREG_MAX_RANGES_LIMIT	(1U << 20)
+/* Per-slot state is allocated in chunks of this many slots (4 KiB each). */
+#define KREG_CHUNK_SLOTS	128
+#define KREG_NO_SLOT		U32_MAX
+/* Records copied to user space per step of read(). */
+#define KREG_READ_BATCH		16
+
+static unsigned int max_ranges = 16384;
+static unsigned int max_total_ranges = 1U << 20;
+
+static int kreg_set_max_ranges(const char *val, const struct kernel_param *kp)
+{
+	return param_set_uint_minmax(val, kp, 1, KREG_MAX_RANGES_LIMIT);
+}
+
+static const struct kernel_param_ops kreg_max_ranges_ops = {
+	.set = kreg_set_max_ranges,
+	.get = param_get_uint,
+};
+
+module_param_cb(max_ranges, &kreg_max_ranges_ops, &max_ranges, 0644);
+MODULE_PARM_DESC(max_ranges,
+		 "ranges one descriptor can register (slots; read at open, 1.."
+		 __stringify(KREG_MAX_RANGES_LIMIT) ", default 16384)");
+module_param(max_total_ranges, uint, 0644);
+MODULE_PARM_DESC(max_total_ranges,
+		 "ranges registered over all descriptors (default 1048576)");
+
+/* Live objects, shown in sysfs so that tests can see leaks. */
+static atomic_long_t kreg_nr_contexts = ATOMIC_LONG_INIT(0);
+static atomic_long_t kreg_nr_ranges = ATOMIC_LONG_INIT(0);
+
+/*
+ * What the next read() record of a slot reports. A slot's record stays
+ * queued after UNREGISTER; slot allocation avoids such slots while others
+ * are free. If a slot had to be reused before its record was read, a change
+ * of the new range widens the record to cover both ranges.
+ */
+struct kreg_ev {
+	u64 start;
+	u64 end;
+	u32 next;	/* next queued slot, KREG_NO_SLOT at the tail */
+	u32 queued;
+};
+
+struct kreg_range;
+
+struct kreg_chunk {
+	struct kreg_range *range[KREG_CHUNK_SLOTS];	/* ctx->lock */
+	struct kreg_ev ev[KREG_CHUNK_SLOTS];		/* ctx->ev_lock */
+};
+
+struct kreg_ctx {
+	struct mm_struct *mm;		/* mmgrab()ed at open */
+	u32 nslots;
+	size_t counters_size;
+	atomic64_t *counters;		/* vmap of pages[], mapped read-only */
+	struct page **pages;
+	unsigned int nr_pages;
+
+	struct mutex lock;		/* REGISTER, UNREGISTER (see the top) */
+	struct kreg_chunk **chunks;	/* set under both locks, freed at release */
+	u32 nr_live;
+	u64 gen;			/* tells registrations of one slot apart */
+
+	spinlock_t ev_lock;		/* the queue and what follows */
+	unsigned long *live;		/* slot has a registration */
+	unsigned long *taken;		/* live, or its record is still queued */
+	u32 q_head;
+	u32 q_tail;
+	u32 q_len;
+	wait_queue_head_t wq;
+};
+
+struct kreg_range {
+	struct mmu_interval_notifier mni;
+	struct kreg_ctx *ctx;
+	struct kreg_ev *ev;
+	atomic64_t *counter;
+	u64 start;
+	u64 end;
+	u64 gen;
+	u32 slot;
+};
+
+static struct kreg_ev *kreg_ev_of(struct kreg_ctx *ctx, u32 slot)
+{
+	return &ctx->chunks[slot / KREG_CHUNK_SLOTS]->ev[slot % KREG_CHUNK_SLOTS];
+}
+
+static struct kreg_range **kreg_range_ptr(struct kreg_ctx *ctx, u32 slot)
+{
+	struct kreg_chunk *c = ctx->chunks[slot / KREG_CHUNK_SLOTS];
+
+	return c ? &c->range[slot % KREG_CHUNK_SLOTS] : NULL;
+}
+
+/* Counters only grow; 0 never names a registration. */
+static u64 kreg_bump(atomic64_t *counter)
+{
+	u64 v = atomic64_inc_return(counter);
+
+	return v ? v : atomic64_inc_return(counter);
+}
+
+/*
+ * The invalidate callback. Runs before the kernel changes the page tables of
+ * [range->start, range->end) where it overlaps r, in the changing thread,
+ * maybe non-blockable: atomics and ev_lock only, and it never fails.
+ */
+static bool kreg_invalidate(struct mmu_interval_notifier *mni,
+			    const struct mmu_notifier_range *range,
+			    unsigned long cur_seq)
+{
+	struct kreg_range *r = container_of(mni, struct kreg_range, mni);
+	struct kreg_ctx *ctx = r->ctx;
+	struct kreg_ev *ev = r->ev;
+	bool wake = false;
+
+	/* Lets mmu_interval_read_begin() in REGISTER see us in flight. */
+	mmu_interval_set_seq(mni, cur_seq);
+
+	switch (range->event) {
+	case MMU_NOTIFY_PROTECTION_VMA:		/* mprotect, uffd-wp */
+	case MMU_NOTIFY_PROTECTION_PAGE:	/* write-protect for writeback */
+	case MMU_NOTIFY_SOFT_DIRTY:		/* clear_refs */
+		/* The same pages stay mapped: a registration stays valid. */
+		return true;
+	default:
+		break;
+	}
+
+	spin_lock(&ctx->ev_lock);
+	kreg_bump(r->counter);
+	if (!ev->queued) {
+		ev->queued = 1;
+		ev->start = r->start;
+		ev->end = r->end;
+		ev->next = KREG_NO_SLOT;
+		if (ctx->q_tail == KREG_NO_SLOT)
+			ctx->q_head = r->slot;
+		else
+			kreg_ev_of(ctx, ctx->q_tail)->next = r->slot;
+		ctx->q_tail = r->slot;
+		WRITE_ONCE(ctx->q_len, ctx->q_len + 1);
+		wake = true;
+	} else if (ev->start != r->start || ev->end != r->end) {
+		/* the slot's unread record is from its previous range */
+		ev->start = min(ev->start, r->start);
+		ev->end = max(ev->end, r->end);
+	}
+	spin_unlock(&ctx->ev_lock);
+
+	if (wake)
+		wake_up_interruptible_poll(&ctx->wq, EPOLLIN | EPOLLRDNORM);
+	return true;
+}
+
+static const struct mmu_interval_notifier_ops kreg_mni_ops = {
+	.invalidate = kreg_invalidate,
+};
+
+/* One more range over all descriptors, unless max_total_ranges says no. */
+static bool kreg_charge_total(void)
+{
+	long cur = atomic_long_read(&kreg_nr_ranges);
+
+	do {
+		if (cur >= (long)READ_ONCE(max_total_ranges))
+			return false;
+	} while (!atomic_long_try_cmpxchg(&kreg_nr_ranges, &cur, cur + 1));
+	return true;
+}
+
+/*
+ * Picks a slot for r and makes it live (ctx->lock held). Prefers a slot with
+ * no unread record, so that records keep their own range.
+ */
+static int kreg_claim_slot(struct kreg_ctx *ctx, struct kreg_range *r)
+{
+	struct kreg_chunk *chunk = NULL;
+	unsigned int ci;
+	u32 slot;
+
+	if (ctx->nr_live >= ctx->nslots || !kreg_charge_total())
+		return -ENOSPC;
+
+	spin_lock(&ctx->ev_lock);
+	slot = find_first_zero_bit(ctx->taken, ctx->nslots);
+	if (slot >= ctx->nslots)
+		slot = find_first_zero_bit(ctx->live, ctx->nslots);
+	spin_unlock(&ctx->ev_lock);
+
+	ci = slot / KREG_CHUNK_SLOTS;
+	if (!ctx->chunks[ci]) {
+		chunk = kzalloc(sizeof(*chunk), GFP_KERNEL_ACCOUNT);
+		if (!chunk) {
+			atomic_long_dec(&kreg_nr_ranges);
+			return -ENOMEM;
+		}
+	}
+
+	r->slot = slot;
+	r->gen = ++ctx->gen;
+	r->counter = &ctx->counters[slot];
+
+	spin_lock(&ctx->ev_lock);
+	if (chunk)
+		ctx->chunks[ci] = chunk;
+	__set_bit(slot, ctx->live);
+	__set_bit(slot, ctx->taken);
+	spin_unlock(&ctx->ev_lock);
+
+	r->ev = kreg_ev_of(ctx, slot);
+	*kreg_range_ptr(ctx, slot) = r;
+	ctx->nr_live++;
+	return 0;
+}
+
+/* Undoes kreg_claim_slot() (ctx->lock held, r's notifier not inserted). */
+static void kreg_free_slot(struct kreg_ctx *ctx, struct kreg_range *r)
+{
+	*kreg_range_ptr(ctx, r->slot) = NULL;
+	spin_lock(&ctx->ev_lock);
+	__clear_bit(r->slot, ctx->live);
+	if (!r->ev->queued)
+		__clear_bit(r->slot, ctx->taken);
+	spin_unlock(&ctx->ev_lock);
+	ctx->nr_live--;
+	atomic_long_dec(&kreg_nr_ranges);
+}
+
+/* Ends a registration (ctx->lock held, or release). */
+static void kreg_drop(struct kreg_ctx *ctx, struct kreg_range *r)
+{
+	/* Waits for callbacks on other CPUs; none run on r afterwards. */
+	mmu_interval_notifier_remove(&r->mni);
+	/* An old snapshot of this slot must never match its next user. */
+	kreg_bump(r->counter);
+	kreg_free_slot(ctx, r);
+	kfree(r);
+}
+
+static long kreg_register(struct kreg_ctx *ctx,
+			  struct kreg_nf_register __user *uarg)
+{
+	struct kreg_nf_register arg;
+	struct kreg_range *r, **rp;
+	u64 end, gen;
+	int ret;
+
+	if (copy_from_user(&arg, uarg, sizeof(arg)))
+		return -EFAULT;
+	if (arg.flags || !arg.len || !PAGE_ALIGNED(arg.start) ||
+	    !PAGE_ALIGNED(arg.len) ||
+	    check_add_overflow(arg.start, arg.len, &end) || end > TASK_SIZE)
+		return -EINVAL;
+
+	r = kzalloc(sizeof(*r), GFP_KERNEL_ACCOUNT);
+	if (!r)
+		return -ENOMEM;
+	r->ctx = ctx;
+	r->start = arg.start;
+	r->end = end;
+
+	if (mutex_lock_killable(&ctx->lock)) {
+		kfree(r);
+		return -EINTR;
+	}
+	ret = kreg_claim_slot(ctx, r);
+	if (ret)
+		goto out_free;
+	/* current->mm == ctx->mm (checked by the caller): mm_users > 0 */
+	ret = mmu_interval_notifier_insert(&r->mni, ctx->mm, r->start,
+					   arg.len, &kreg_mni_ops);
+	if (ret) {
+		kreg_free_slot(ctx, r);
+		goto out_free;
+	}
+	/*
+	 * Bump, then wait for invalidations in flight. One that began before
+	 * the insert never calls r; one that called r before the bump is
+	 * included in it. read_begin() returns once both kinds have finished
+	 * changing the page tables, so pages the caller pins after we return
+	 * are the new ones; any later change calls r and moves the counter
+	 * past arg.counter. (Bumping after read_begin() would let a callback
+	 * run between the two, be hidden in the value returned, and zap what
+	 * the caller pins next.)
+	 */
+	arg.counter = kreg_bump(r->counter);
+	mmu_interval_read_begin(&r->mni);
+	arg.slot = r->slot;
+	gen = r->gen;
+	mutex_unlock(&ctx->lock);
+
+	/* Not under ctx->lock: this may fault, even into userfaultfd. */
+	if (copy_to_user(uarg, &arg, sizeof(arg))) {
+		/* the caller cannot know the slot: take it back if still ours */
+		mutex_lock(&ctx->lock);
+		rp = kreg_range_ptr(ctx, arg.slot);
+		if (*rp && (*rp)->gen == gen)
+			kreg_drop(ctx, *rp);
+		mutex_unlock(&ctx->lock);
+		return -EFAULT;
+	}
+	return 0;
+
+out_free:
+	mutex_unlock(&ctx->lock);
+	kfree(r);
+	return ret;
+}
+
+static long kreg_unregister(struct kreg_ctx *ctx,
+			    struct kreg_nf_unregister __user *uarg)
+{
+	struct kreg_nf_unregister arg;
+	struct kreg_range **rp;
+	long ret = 0;
+
+	if (copy_from_user(&arg, uarg, sizeof(arg)))
+		return -EFAULT;
+	if (arg.flags || arg.slot >= ctx->nslots)
+		return -EINVAL;
+
+	if (mutex_lock_killable(&ctx->lock))
+		return -EINTR;
+	rp = kreg_range_ptr(ctx, arg.slot);
+	if (rp && *rp)
+		kreg_drop(ctx, *rp);
+	else
+		ret = -ENOENT;
+	mutex_unlock(&ctx->lock);
+	return ret;
+}
+
+static long kreg_info(struct kreg_ctx *ctx, struct kreg_nf_info __user *uarg)
+{
+	struct kreg_nf_info info = {
+		.abi_version = KREG_NF_ABI_VERSION,
+		.max_ranges = ctx->nslots,
+		.counters_size = ctx->counters_size,
+	};
+
+	return copy_to_user(uarg, &info, sizeof(info)) ? -EFAULT : 0;
+}
+
+static long kreg_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	struct kreg_ctx *ctx = file->private_data;
+	void __user *uarg = (void __user *)arg;
+
+	/* a forked child or another process holding the descriptor */
+	if (current->mm != ctx->mm)
+		return -EPERM;
+
+	switch (cmd) {
+	case KREG_NF_IOC_INFO:
+		return kreg_info(ctx, uarg);
+	case KREG_NF_IOC_REGISTER:
+		return kreg_register(ctx, uarg);
+	case KREG_NF_IOC_UNREGISTER:
+		return kreg_unregister(ctx, uarg);
+	default:
+		return -ENOTTY;
+	}
+}
+
+/* Copies up to max queued records, leaving them queued (ev_lock). */
+static unsigned int kreg_peek(struct kreg_ctx *ctx, struct kreg_nf_event *out,
+			      unsigned int max)
+{
+	unsigned int n = 0;
+	u32 slot;
+
+	spin_lock(&ctx->ev_lock);
+	for (slot = ctx->q_head; slot != KREG_NO_SLOT && n < max; n++) {
+		struct kreg_ev *ev = kreg_ev_of(ctx, slot);
+
+		out[n] = (struct kreg_nf_event){
+			.start = ev->start, .end = ev->end, .slot = slot,
+		};
+		slot = ev->next;
+	}
+	spin_unlock(&ctx->ev_lock);
+	return n;
+}
+
+/*
+ * Dequeues the leading records that still equal seen[] (another reader may
+ * have taken them, or a change may have widened one); returns how many.
+ */
+static unsigned int kreg_pop(struct kreg_ctx *ctx,
+			     const struct kreg_nf_event *seen, unsigned int n)
+{
+	unsigned int i;
+
+	spin_lock(&ctx->ev_lock);
+	for (i = 0; i < n; i++) {
+		u32 slot = ctx->q_head;
+		struct kreg_ev *ev;
+
+		if (slot != seen[i].slot)
+			break;
+		ev = kreg_ev_of(ctx, slot);
+		if (ev->start != seen[i].start || ev->end != seen[i].end)
+			break;
+		ctx->q_head = ev->next;
+		if (ctx->q_head == KREG_NO_SLOT)
+			ctx->q_tail = KREG_NO_SLOT;
+		WRITE_ONCE(ctx->q_len, ctx->q_len - 1);
+		ev->queued = 0;
+		if (!test_bit(slot, ctx->live))
+			__clear_bit(slot, ctx->taken);
+	}
+	spin_unlock(&ctx->ev_lock);
+	return i;
+}
+
+/*
+ * Whole records only. A record is dequeued only once it has been copied to
+ * the caller, so a bad buffer loses nothing. No lock is held while copying.
+ */
+static ssize_t kreg_read(struct file *file, char __user *buf, size_t count,
+			 loff_t *ppos)
+{
+	struct kreg_ctx *ctx = file->private_data;
+	struct kreg_nf_event evs[KREG_READ_BATCH];
+	size_t max = count / sizeof(evs[0]), done = 0;
+	unsigned int n, got;
+	int ret;
+
+	if (current->mm != ctx->mm)
+		return -EPERM;
+	if (!max)
+		return -EINVAL;
+
+	while (done < max) {
+		n = kreg_peek(ctx, evs, min_t(size_t, max - done,
+					      KREG_READ_BATCH));
+		if (!n) {
+			if (done)
+				break;
+			if (file->f_flags & O_NONBLOCK)
+				return -EAGAIN;
+			ret = wait_event_interruptible(ctx->wq,
+						       READ_ONCE(ctx->q_len));
+			if (ret)
+				return ret;
+			continue;
+		}
+		if (copy_to_user(buf + done * sizeof(evs[0]), evs,
+				 n * sizeof(evs[0])))
+			return done ? done * sizeof(evs[0]) : -EFAULT;
+		got = kreg_pop(ctx, evs, n);
+		done += got;
+		/* taken by a concurrent reader or widened: look again */
+		if (got < n && done)
+			break;
+	}
+	return done * sizeof(evs[0]);
+}
+
+static __poll_t kreg_poll(struct file *file, poll_table *wait)
+{
+	struct kreg_ctx *ctx = file->private_data;
+
+	if (current->mm != ctx->mm)
+		return EPOLLERR;
+	poll_wait(file, &ctx->wq, wait);
+	return READ_ONCE(ctx->q_len) ? EPOLLIN | EPOLLRDNORM : 0;
+}
+
+/*
+ * The counters, read-only, at offset 0, at most counters_size bytes. Not
+ * copied into a forked child, never writable (VM_MAYWRITE cleared, so
+ * mprotect cannot add PROT_WRITE), not grown by mremap, not dumped.
+ * Takes no lock of ours: mmap_lock is held here.
+ */
+static int kreg_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct kreg_ctx *ctx = file->private_data;
+
+	if (current->mm != ctx->mm)
+		return -EPERM;
+	if (vma->vm_pgoff || vma->vm_end - vma->vm_start > ctx->counters_size)
+		return -EINVAL;
+	if (vma->vm_flags & VM_WRITE)
+		return -EACCES;
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 3, 0)
+	vm_flags_set(vma, VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP);
+	vm_flags_clear(vma, VM_MAYWRITE);
+#else
+	vma->vm_flags |= VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP;
+	vma->vm_flags &= ~VM_MAYWRITE;
+#endif
+	return remap_vmalloc_range(vma, ctx->counters, 0);
+}
+
+static void kreg_ctx_free(struct kreg_ctx *ctx)
+{
+	unsigned int i;
+
+	if (ctx->chunks)
+		for (i = 0; i < DIV_ROUND_UP(ctx->nslots, KREG_CHUNK_SLOTS); i++)
+			kfree(ctx->chunks[i]);
+	kvfree(ctx->chunks);
+	kvfree(ctx->live);
+	kvfree(ctx->taken);
+	if (ctx->counters)
+		vunmap(ctx->counters);
+	if (ctx->pages)
+		for (i = 0; i < ctx->nr_pages && ctx->pages[i]; i++)
+			__free_page(ctx->pages[i]);
+	kvfree(ctx->pages);
+	kfree(ctx);
+}
+
+/*
+ * Counter pages are allocated one by one with GFP_KERNEL_ACCOUNT (charged to
+ * the opener's memory cgroup, as everything else here) and vmap()ed with
+ * VM_USERMAP so that remap_vmalloc_range() maps them: vmalloc_user() would
+ * not charge them.
+ */
+static struct kreg_ctx *kreg_ctx_alloc(u32 nslots)
+{
+	size_t nlongs = BITS_TO_LONGS(nslots);
+	struct kreg_ctx *ctx;
+	unsigned int i;
+
+	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL_ACCOUNT);
+	if (!ctx)
+		return NULL;
+	ctx->nslots = nslots;
+	ctx->counters_size = PAGE_ALIGN((size_t)nslots * sizeof(u64));
+	ctx->nr_pages = ctx->counters_size >> PAGE_SHIFT;
+	mutex_init(&ctx->lock);
+	spin_lock_init(&ctx->ev_lock);
+	init_waitqueue_head(&ctx->wq);
+	ctx->q_head = KREG_NO_SLOT;
+	ctx->q_tail = KREG_NO_SLOT;
+
+	ctx->pages = kvcalloc(ctx->nr_pages, sizeof(*ctx->pages),
+			      GFP_KERNEL_ACCOUNT);
+	ctx->chunks = kvcalloc(DIV_ROUND_UP(nslots, KREG_CHUNK_SLOTS),
+			       sizeof(*ctx->chunks), GFP_KERNEL_ACCOUNT);
+	ctx->live = kvcalloc(nlongs, sizeof(long), GFP_KERNEL_ACCOUNT);
+	ctx->taken = kvcalloc(nlongs, sizeof(long), GFP_KERNEL_ACCOUNT);
+	if (!ctx->pages || !ctx->chunks || !ctx->live || !ctx->taken)
+		goto fail;
+	for (i = 0; i < ctx->nr_pages; i++) {
+		ctx->pages[i] = alloc_page(GFP_KERNEL_ACCOUNT | __GFP_ZERO);
+		if (!ctx->pages[i])
+			goto fail;
+	}
+	ctx->counters = vmap(ctx->pages, ctx->nr_pages, VM_MAP | VM_USERMAP,
+			     PAGE_KERNEL);
+	if (!ctx->counters)
+		goto fail;
+	return ctx;
+
+fail:
+	kreg_ctx_free(ctx);
+	return NULL;
+}
+
+static int kreg_open(struct inode *inode, struct file *file)
+{
+	struct kreg_ctx *ctx;
+
+	if (!current->mm)
+		return -EPERM;
+	ctx = kreg_ctx_alloc(READ_ONCE(max_ranges));
+	if (!ctx)
+		return -ENOMEM;
+	mmgrab(current->mm);
+	ctx->mm = current->mm;
+	file->private_data = ctx;
+	atomic_long_inc(&kreg_nr_contexts);
+	return stream_open(inode, file);
+}
+
+/*
+ * Last close: at close(), at exit (after exit_mm(): the address space may be
+ * gone already, the mm_struct itself is still ours), in whatever process
+ * held the last reference. No ioctl, read or mmap can run any more.
+ */
+static int kreg_release(struct inode *inode, struct file *file)
+{
+	struct kreg_ctx *ctx = file->private_data;
+	struct kreg_range **rp;
+	u32 slot;
+
+	for (slot = 0; slot < ctx->nslots; slot++) {
+		rp = kreg_range_ptr(ctx, slot);
+		if (!rp) {
+			slot = round_up(slot + 1, KREG_CHUNK_SLOTS) - 1;
+			continue;
+		}
+		if (*rp) {
+			kreg_drop(ctx, *rp);
+			cond_resched();
+		}
+	}
+	mmdrop(ctx->mm);
+	kreg_ctx_free(ctx);
+	atomic_long_dec(&kreg_nr_contexts);
+	return 0;
+}
+
+static const struct file_operations kreg_fops = {
+	.owner = THIS_MODULE,
+	.open = kreg_open,
+	.release = kreg_release,
+	.unlocked_ioctl = kreg_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.read = kreg_read,
+	.poll = kreg_poll,
+	.mmap = kreg_mmap,
+};
+
+static ssize_t contexts_show(struct device *dev, struct device_attribute *attr,
+			     char *buf)
+{
+	return sysfs_emit(buf, "%ld\n", atomic_long_read(&kreg_nr_contexts));
+}
+static DEVICE_ATTR_RO(contexts);
+
+static ssize_t ranges_show(struct device *dev, struct device_attribute *attr,
+			   char *buf)
+{
+	return sysfs_emit(buf, "%ld\n", atomic_long_read(&kreg_nr_ranges));
+}
+static DEVICE_ATTR_RO(ranges);
+
+static struct attribute *kreg_attrs[] = {
+	&dev_attr_contexts.attr,
+	&dev_attr_ranges.attr,
+	NULL,
+};
+ATTRIBUTE_GROUPS(kreg);
+
+static struct miscdevice kreg_misc = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = "kreg_notifier",
+	.fops = &kreg_fops,
+	.groups = kreg_groups,
+	/* every call acts on the caller's own address space only */
+	.mode = 0666,
+};
+module_misc_device(kreg_misc);
+
+MODULE_DESCRIPTION("Counters that tell a process when registered memory goes away (mmu_interval_notifier)");
+MODULE_AUTHOR("ucx-kreg");
+MODULE_LICENSE("GPL");
+MODULE_VERSION("0.1.0");
