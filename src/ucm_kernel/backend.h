@@ -41,7 +41,7 @@ public:
     virtual kreg_reason_t watch(uintptr_t start, uintptr_t end, kreg_watch_t *w,
                                 int *err) = 0;
     /* After the range was registered: may it be cached? */
-    virtual kreg_reason_t confirm(const kreg_watch_t *w) = 0;
+    virtual kreg_reason_t confirm(kreg_watch_t *w) = 0;
     virtual void unwatch(const kreg_watch_t *w) = 0;
     /* Before a lookup; 0 if the range was found changed (and reported). */
     virtual int prepare_lookup(uintptr_t start, uintptr_t end) = 0;

@@ -54,8 +54,8 @@ bool seq_before(uint32_t a, uint32_t b)
 
 } // namespace
 
-Monitor::Monitor(const Uffd &uffd, size_t queue_size) :
-    uffd_(uffd), ring_(std::max<size_t>(queue_size, 16))
+Monitor::Monitor(const Uffd &uffd, size_t queue_size, Gone gone, void *gone_ctx) :
+    uffd_(uffd), gone_(gone), gone_ctx_(gone_ctx), ring_(std::max<size_t>(queue_size, 16))
 {
 }
 
@@ -162,18 +162,19 @@ bool Monitor::uffd_has_events() const
     return n > 0 && (pfd.revents & POLLIN);
 }
 
-void Monitor::push(uintptr_t start, uintptr_t end, uint32_t count)
+void Monitor::push(uintptr_t start, uintptr_t end, uint32_t count, bool gone)
 {
     std::lock_guard<std::mutex> guard(q_lock_);
     if ((used_ == 0) && (overflow_.count == 0)) {
         batch_read_ns_ = now_ns();
     }
     if (used_ < ring_.size()) {
-        ring_[(head_ + used_) % ring_.size()] = Entry{start, end, count};
+        ring_[(head_ + used_) % ring_.size()] = Entry{start, end, count, gone};
         ++used_;
         return;
     }
-    /* Full: never block the reader, widen one range instead. */
+    /* Full: never block the reader, widen one range instead (not "gone":
+     * the wider range was not all unmapped). */
     if ((overflow_.count == 0) || (overflow_.start == overflow_.end)) {
         overflow_.start = start;
         overflow_.end   = end;
@@ -195,15 +196,15 @@ void Monitor::handle_msgs(const void *buf, size_t n)
         case UFFD_EVENT_REMOVE:
             events_[m.event == UFFD_EVENT_UNMAP ? KREG_EV_UNMAP : KREG_EV_REMOVE]
                 .fetch_add(1, std::memory_order_relaxed);
-            push(m.arg.remove.start, m.arg.remove.end, 1);
+            push(m.arg.remove.start, m.arg.remove.end, 1, m.event == UFFD_EVENT_UNMAP);
             break;
         case UFFD_EVENT_REMAP:
             events_[KREG_EV_REMAP].fetch_add(1, std::memory_order_relaxed);
             /* The old range moved away (with DONTUNMAP it stays mapped, on
              * new pages); whatever was cached at the new one belonged to
              * the mapping the move replaced. */
-            push(m.arg.remap.from, m.arg.remap.from + m.arg.remap.len, 1);
-            push(m.arg.remap.to, m.arg.remap.to + m.arg.remap.len, 0);
+            push(m.arg.remap.from, m.arg.remap.from + m.arg.remap.len, 1, true);
+            push(m.arg.remap.to, m.arg.remap.to + m.arg.remap.len, 0, false);
             break;
         case UFFD_EVENT_PAGEFAULT: {
             /* Never expected: no page is write-protected. Resolve it so the
@@ -214,12 +215,12 @@ void Monitor::handle_msgs(const void *buf, size_t n)
             wp.range.start = m.arg.pagefault.address & ~(page - 1);
             wp.range.len   = page;
             ioctl(uffd_.fd(), UFFDIO_WRITEPROTECT, &wp);
-            push(0, 0, 1);
+            push(0, 0, 1, false);
             break;
         }
         default:
             events_[KREG_EV_UNEXPECTED].fetch_add(1, std::memory_order_relaxed);
-            push(0, 0, 1);
+            push(0, 0, 1, false);
             break;
         }
     }
@@ -305,7 +306,7 @@ void Monitor::dispatch_loop()
             }
             if (overflow_.count > 0) {
                 batch.push_back(overflow_);
-                overflow_ = Entry{0, 0, 0};
+                overflow_ = Entry{0, 0, 0, false};
             }
             read_ns = batch_read_ns_;
         }
@@ -313,6 +314,9 @@ void Monitor::dispatch_loop()
         uint32_t count = 0;
         for (const Entry &e : batch) {
             if (e.start != e.end) {
+                if (e.gone) {
+                    gone_(gone_ctx_, e.start, e.end);
+                }
                 dispatch(e.start, e.end);
                 dispatched_.fetch_add(1, std::memory_order_relaxed);
             }

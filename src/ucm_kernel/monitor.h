@@ -32,7 +32,10 @@ class Uffd;
 
 class Monitor {
 public:
-    Monitor(const Uffd &uffd, size_t queue_size);
+    /* gone: called by the dispatcher, before reporting it, for a range
+     * the kernel unmapped or moved away (its registration is gone too) */
+    using Gone = void (*)(void *ctx, uintptr_t start, uintptr_t end);
+    Monitor(const Uffd &uffd, size_t queue_size, Gone gone, void *gone_ctx);
     ~Monitor();
 
     bool start(std::string *error);
@@ -60,6 +63,7 @@ private:
     struct Entry {
         uintptr_t start, end;
         uint32_t  count; /* events merged in */
+        bool      gone;  /* unmapped or moved away, not only emptied */
     };
 
     static void *reader_main(void *arg);
@@ -68,11 +72,13 @@ private:
     void dispatch_loop();
     void handle_msgs(const void *msgs, size_t n);
     /* count: how many kernel events the entry stands for (0 or 1) */
-    void push(uintptr_t start, uintptr_t end, uint32_t count);
+    void push(uintptr_t start, uintptr_t end, uint32_t count, bool gone);
     bool uffd_has_events() const;
     void wake_dispatcher();
 
     const Uffd  &uffd_;
+    const Gone   gone_;
+    void * const gone_ctx_;
     int          wake_fd_ = -1; /* eventfd: stop request to the reader */
 
     pthread_t    reader_{}, dispatcher_{};
@@ -83,7 +89,7 @@ private:
     std::mutex         q_lock_;
     std::vector<Entry> ring_;
     size_t             head_ = 0, used_ = 0;
-    Entry              overflow_{0, 0, 0};
+    Entry              overflow_{0, 0, 0, false};
     uint64_t           batch_read_ns_ = 0;
 
     std::atomic<uint32_t> reading_{0};

@@ -21,6 +21,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <deque>
+#include <map>
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
@@ -38,6 +40,11 @@
 
 namespace kreg {
 namespace {
+
+/* Unwatched ranges whose notifier is kept (an interval notifier watches
+ * addresses, whatever is mapped there): a cache drops and registers the
+ * same buffers again and again, and a kept notifier makes that free. */
+constexpr size_t kMaxRetained = 256;
 
 kreg_reason_t reason_of(int err)
 {
@@ -98,6 +105,9 @@ public:
         }
         live_.assign(info.max_ranges, Range{0, 0});
         live_count_ = 0;
+        retained_.clear();
+        retained_order_.clear();
+        retained_seq_.clear();
         plain_      = opts.mode == KREG_MODE_PLAIN;
 
         wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -133,6 +143,9 @@ public:
                 }
             }
             live_count_ = 0;
+            retained_.clear();
+            retained_order_.clear();
+            retained_seq_.clear();
             close_all(); /* the kernel removes every notifier */
         }
         for (const Range &r : all) {
@@ -147,34 +160,50 @@ public:
         if (fd_ < 0) {
             return KREG_REASON_NOT_STARTED;
         }
-        if (live_count_ >= max_ranges_) {
-            return KREG_REASON_LIMIT;
+        uint32_t slot;
+        uint64_t counter;
+        auto kept = retained_.find(Range{start, end});
+        if (kept != retained_.end()) {
+            /* its notifier has watched the range all along: changes from
+             * now on move the counter */
+            slot    = kept->second;
+            counter = counters_[slot];
+            retained_.erase(kept);
+            retained_seq_[slot] = 0; /* its place in the order is void */
+        } else {
+            while ((live_count_ >= max_ranges_) && evict_oldest_retained()) {
+            }
+            if (live_count_ >= max_ranges_) {
+                return KREG_REASON_LIMIT;
+            }
+            struct kreg_nf_register reg = {};
+            reg.start = start;
+            reg.len   = end - start;
+            if (ioctl(fd_, KREG_NF_IOC_REGISTER, &reg) != 0) {
+                *err = errno;
+                return reason_of(*err);
+            }
+            slot    = reg.slot;
+            counter = reg.counter;
+            live_[slot] = Range{start, end};
+            ++live_count_;
         }
-        struct kreg_nf_register reg = {};
-        reg.start = start;
-        reg.len   = end - start;
-        if (ioctl(fd_, KREG_NF_IOC_REGISTER, &reg) != 0) {
-            *err = errno;
-            return reason_of(*err);
-        }
-        live_[reg.slot] = Range{start, end};
-        ++live_count_;
         w->start      = start;
         w->end        = end;
-        w->slot       = reg.slot;
+        w->slot       = slot;
         w->generation = generation();
         if (plain_) {
             /* measurements only: the hit compares nothing */
             w->counter  = generation_word();
             w->snapshot = *w->counter;
         } else {
-            w->counter  = &counters_[reg.slot];
-            w->snapshot = reg.counter;
+            w->counter  = &counters_[slot];
+            w->snapshot = counter;
         }
         return KREG_REASON_NONE;
     }
 
-    kreg_reason_t confirm(const kreg_watch_t *w) override
+    kreg_reason_t confirm(kreg_watch_t *w) override
     {
         /* Pinning can change the pages (a write fault on the zero page, a
          * COW break): then the counter moved and what was pinned may not
@@ -191,15 +220,11 @@ public:
         if ((fd_ < 0) || (w->slot >= live_.size())) {
             return;
         }
-        struct kreg_nf_unregister unreg = {};
-        unreg.slot = w->slot;
-        if (ioctl(fd_, KREG_NF_IOC_UNREGISTER, &unreg) != 0) {
-            ucs_warn("kreg: unregistering slot %u (0x%lx..0x%lx) failed: %m",
-                     w->slot, w->start, w->end);
-            return;
+        retained_.emplace(Range{w->start, w->end}, w->slot);
+        retained_order_.push_back(Slot{w->slot, ++retain_seq_});
+        retained_seq_[w->slot] = retain_seq_;
+        while ((retained_.size() > kMaxRetained) && evict_oldest_retained()) {
         }
-        live_[w->slot] = Range{0, 0};
-        --live_count_;
     }
 
     int prepare_lookup(uintptr_t, uintptr_t) override { return 1; }
@@ -242,6 +267,9 @@ public:
         reader_running_ = false;
         live_.assign(live_.size(), Range{0, 0});
         live_count_ = 0;
+        retained_.clear();
+        retained_order_.clear();
+        retained_seq_.clear();
     }
 
     void query(kreg_caps_t *caps) const override
@@ -303,6 +331,37 @@ private:
         }
     }
 
+    /* UNREGISTERs the oldest retained notifier; false if none. lock_ held. */
+    bool evict_oldest_retained()
+    {
+        while (!retained_order_.empty()) {
+            const Slot s = retained_order_.front();
+            retained_order_.pop_front();
+            if (retained_seq_[s.slot] != s.seq) {
+                continue; /* watched again since, or evicted */
+            }
+            const Range r = live_[s.slot];
+            auto range    = retained_.equal_range(r);
+            for (auto it = range.first; it != range.second; ++it) {
+                if (it->second == s.slot) {
+                    retained_.erase(it);
+                    break;
+                }
+            }
+            retained_seq_[s.slot] = 0;
+            struct kreg_nf_unregister unreg = {};
+            unreg.slot = s.slot;
+            if (ioctl(fd_, KREG_NF_IOC_UNREGISTER, &unreg) != 0) {
+                ucs_warn("kreg: unregistering slot %u (0x%lx..0x%lx) failed: %m",
+                         s.slot, r.first, r.second);
+            }
+            live_[s.slot] = Range{0, 0};
+            --live_count_;
+            return true;
+        }
+        return false;
+    }
+
     void stop_reader()
     {
         if (reader_running_) {
@@ -340,9 +399,18 @@ private:
     pthread_t                reader_{};
     bool                     reader_running_ = false;
 
-    mutable std::mutex       lock_; /* live_, fd_ for ioctls */
-    std::vector<Range>       live_; /* slot -> range */
+    struct Slot {
+        uint32_t slot;
+        uint64_t seq; /* which retention of the slot this entry is */
+    };
+
+    mutable std::mutex       lock_; /* everything below, fd_ for ioctls */
+    std::vector<Range>       live_; /* slot -> range, retained ones too */
     unsigned long            live_count_ = 0;
+    std::multimap<Range, uint32_t> retained_; /* unwatched, notifier kept */
+    std::deque<Slot>         retained_order_;
+    std::map<uint32_t, uint64_t> retained_seq_; /* slot -> its retention */
+    uint64_t                 retain_seq_ = 0;
 
     std::atomic<uint32_t>    reading_{0}, read_seq_{0};
     std::atomic<uint64_t>    notified_{0};

@@ -34,6 +34,13 @@
 namespace kreg {
 namespace {
 
+/* Unwatched ranges kept registered (see RetainedRanges): enough for the
+ * buffers a busy cache drops and takes again, few mappings each. */
+constexpr size_t kMaxRetained = 256;
+
+/* kreg_watch_t.slot of a uffd watch: confirm() found no page-cache page */
+constexpr uint32_t kSlotChecked = 1;
+
 /* hugetlbfs mappings are registered in whole huge pages only */
 constexpr uintptr_t kHugeAlignments[] = {uintptr_t(2) << 20, uintptr_t(1) << 30};
 
@@ -64,7 +71,7 @@ public:
             err->text   = uffd_.error();
             return false;
         }
-        auto mon = std::make_unique<Monitor>(uffd_, opts.queue_size);
+        auto mon = std::make_unique<Monitor>(uffd_, opts.queue_size, on_gone, this);
         if (!mon->start(&err->text)) {
             uffd_.close();
             err->reason = KREG_REASON_OTHER;
@@ -109,6 +116,7 @@ public:
             std::lock_guard<std::mutex> guard(map_lock_);
             all = watches_.ranges();
             watches_.clear();
+            retained_.clear();
         }
         for (const Range &r : all) {
             dispatch(r.first, r.second);
@@ -118,40 +126,64 @@ public:
     kreg_reason_t watch(uintptr_t start, uintptr_t end, kreg_watch_t *w,
                         int *err) override
     {
+        /* Every unmap that has happened is applied to the retained ranges
+         * (its "gone" is dispatched) before we trust one: a retained range
+         * is then still mapped, registered and checked. Not under
+         * map_lock_: the dispatcher takes it. */
+        if (mode_ != KREG_MODE_PLAIN) {
+            wait_no_event_in_flight();
+        }
+        monitor_->wait_read_events();
+
         std::lock_guard<std::mutex> guard(map_lock_);
         if (!running_) {
             return KREG_REASON_NOT_STARTED;
         }
-        if (watches_.segments() >= max_ranges_) {
-            return KREG_REASON_LIMIT;
-        }
-        /* The kernel registers the mappings in a range and skips its holes;
-         * a hole mapped later would not be watched. msync(MS_ASYNC) finds
-         * holes (ENOMEM) walking mappings, not pages. */
-        if ((msync(reinterpret_cast<void *>(start), end - start, MS_ASYNC) != 0) &&
-            (errno == ENOMEM)) {
-            *err = ENOMEM;
-            return KREG_REASON_BAD_INPUT;
-        }
-        *err = register_range(&start, &end);
-        if (*err != 0) {
-            return Uffd::reason_of(*err);
+        bool checked = false;
+        if (retained_.find(start, end, &checked)) {
+            /* registered all along: no system call (P4) */
+            retained_.drop(start, end);
+        } else {
+            while ((watches_.segments() + retained_.size() >= max_ranges_) &&
+                   evict_oldest_retained()) {
+            }
+            if (watches_.segments() + retained_.size() >= max_ranges_) {
+                return KREG_REASON_LIMIT;
+            }
+            /* The kernel registers the mappings in a range and skips its
+             * holes; a hole mapped later would not be watched. msync
+             * (MS_ASYNC) finds holes (ENOMEM) walking mappings, not pages. */
+            if ((msync(reinterpret_cast<void *>(start), end - start, MS_ASYNC) != 0) &&
+                (errno == ENOMEM)) {
+                *err = ENOMEM;
+                return KREG_REASON_BAD_INPUT;
+            }
+            /* A retained part may lie inside: registering a registered
+             * range changes no mapping. */
+            *err = register_range(&start, &end);
+            if (*err != 0) {
+                return Uffd::reason_of(*err);
+            }
+            retained_.drop(start, end);
+            checked = false;
         }
         watches_.add(start, end);
         w->counter    = generation_word();
         w->snapshot   = *w->counter;
         w->start      = start;
         w->end        = end;
-        w->slot       = 0;
+        w->slot       = checked ? kSlotChecked : 0;
         w->generation = generation();
         return KREG_REASON_NONE;
     }
 
-    kreg_reason_t confirm(const kreg_watch_t *w) override
+    kreg_reason_t confirm(kreg_watch_t *w) override
     {
-        if ((shared_ == KREG_SHARED_UNCACHED) &&
-            uffd_.has_page_cache_pages(w->start, w->end - w->start)) {
-            return KREG_REASON_SHARED;
+        if ((shared_ == KREG_SHARED_UNCACHED) && !(w->slot & kSlotChecked)) {
+            if (uffd_.has_page_cache_pages(w->start, w->end - w->start)) {
+                return KREG_REASON_SHARED;
+            }
+            w->slot |= kSlotChecked;
         }
         return KREG_REASON_NONE;
     }
@@ -159,11 +191,19 @@ public:
     void unwatch(const kreg_watch_t *w) override
     {
         std::lock_guard<std::mutex> guard(map_lock_);
-        for (const Range &r : watches_.remove(w->start, w->end)) {
-            if (running_) {
-                /* fails where the memory is gone already: nothing to drop */
-                (void)uffd_.unwatch(r.first, r.second - r.first);
-            }
+        if (!running_) {
+            return;
+        }
+        Ranges gone;
+        for (const Range &r : watches_.remove(w->start, w->end, &gone)) {
+            retained_.add(r.first, r.second, w->slot & kSlotChecked);
+        }
+        /* unmapped since: nothing left to keep (and should a mapping there
+         * be registered after all, it goes) */
+        for (const Range &r : gone) {
+            (void)uffd_.unwatch(r.first, r.second - r.first);
+        }
+        while ((retained_.size() > kMaxRetained) && evict_oldest_retained()) {
         }
     }
 
@@ -217,6 +257,7 @@ public:
             ::close(fd);
         }
         watches_.clear();
+        retained_.clear();
         running_ = false;
     }
 
@@ -282,9 +323,33 @@ private:
         if (rc != 0) {
             for (const Range &r : watches_.gaps(*start, *end)) {
                 (void)uffd_.unwatch(r.first, r.second - r.first);
+                retained_.drop(r.first, r.second);
             }
         }
         return rc;
+    }
+
+    /* Unregisters the oldest retained range; false if there is none.
+     * map_lock_ held. */
+    bool evict_oldest_retained()
+    {
+        Range r;
+        if (!retained_.pop_oldest(&r)) {
+            return false;
+        }
+        /* fails where the memory is gone already: nothing to drop */
+        (void)uffd_.unwatch(r.first, r.second - r.first);
+        return true;
+    }
+
+    /* The dispatcher: the kernel unmapped [start, end) (or moved it away),
+     * which dropped its registration too. */
+    static void on_gone(void *ctx, uintptr_t start, uintptr_t end)
+    {
+        auto *self = static_cast<UffdBackend *>(ctx);
+        std::lock_guard<std::mutex> guard(self->map_lock_);
+        self->retained_.drop(start, end);
+        self->watches_.mark_gone(start, end);
     }
 
     void wait_no_event_in_flight()
@@ -317,6 +382,7 @@ private:
     /* never held across anything that can wait for the monitor */
     mutable std::mutex       map_lock_;
     WatchMap                 watches_;
+    RetainedRanges           retained_;
     bool                     running_ = false;
 
     std::atomic<uint64_t>    verify_calls_{0}, verify_invalidations_{0};

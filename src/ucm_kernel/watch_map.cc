@@ -13,7 +13,7 @@ void WatchMap::split_at(uintptr_t addr)
     }
     --it;
     if (it->first < addr && addr < it->second.end) {
-        Seg tail{it->second.end, it->second.count};
+        Seg tail{it->second.end, it->second.count, it->second.gone};
         it->second.end = addr;
         segs_.emplace(addr, tail);
     }
@@ -31,19 +31,20 @@ void WatchMap::add(uintptr_t start, uintptr_t end)
     while (pos < end) {
         if (it != segs_.end() && it->first == pos) {
             ++it->second.count;
+            it->second.gone = false; /* registered again just now */
             pos = it->second.end;
             ++it;
         } else {
             /* a gap up to the next segment or the end */
             uintptr_t gap_end = (it != segs_.end() && it->first < end) ?
                                 it->first : end;
-            segs_.emplace_hint(it, pos, Seg{gap_end, 1});
+            segs_.emplace_hint(it, pos, Seg{gap_end, 1, false});
             pos = gap_end;
         }
     }
 }
 
-Ranges WatchMap::remove(uintptr_t start, uintptr_t end)
+Ranges WatchMap::remove(uintptr_t start, uintptr_t end, Ranges *gone)
 {
     Ranges freed;
     if (start >= end) {
@@ -54,10 +55,11 @@ Ranges WatchMap::remove(uintptr_t start, uintptr_t end)
     for (auto it = segs_.lower_bound(start);
          it != segs_.end() && it->first < end;) {
         if (--it->second.count == 0) {
-            if (!freed.empty() && freed.back().second == it->first) {
-                freed.back().second = it->second.end;
+            Ranges &out = (it->second.gone && gone) ? *gone : freed;
+            if (!out.empty() && out.back().second == it->first) {
+                out.back().second = it->second.end;
             } else {
-                freed.emplace_back(it->first, it->second.end);
+                out.emplace_back(it->first, it->second.end);
             }
             it = segs_.erase(it);
         } else {
@@ -65,6 +67,19 @@ Ranges WatchMap::remove(uintptr_t start, uintptr_t end)
         }
     }
     return freed;
+}
+
+void WatchMap::mark_gone(uintptr_t start, uintptr_t end)
+{
+    if (start >= end) {
+        return;
+    }
+    split_at(start);
+    split_at(end);
+    for (auto it = segs_.lower_bound(start); it != segs_.end() && it->first < end;
+         ++it) {
+        it->second.gone = true;
+    }
 }
 
 Ranges WatchMap::ranges() const
@@ -116,6 +131,85 @@ size_t WatchMap::bytes() const
         total += seg.end - start;
     }
     return total;
+}
+
+void RetainedRanges::add(uintptr_t start, uintptr_t end, bool checked)
+{
+    drop(start, end);
+    ranges_.emplace(start, Kept{end, checked});
+    if (order_.size() - head_ > 4 * ranges_.size() + 64) {
+        /* mostly stale entries: start the order afresh */
+        order_.clear();
+        for (const auto &[s, k] : ranges_) {
+            order_.emplace_back(s, k.end);
+        }
+        head_ = 0;
+    }
+    order_.emplace_back(start, end);
+}
+
+void RetainedRanges::drop(uintptr_t start, uintptr_t end)
+{
+    auto it = ranges_.upper_bound(start);
+    if ((it != ranges_.begin()) && (std::prev(it)->second.end > start)) {
+        --it;
+    }
+    while ((it != ranges_.end()) && (it->first < end)) {
+        const uintptr_t s = it->first;
+        const Kept k      = it->second;
+        it                = ranges_.erase(it);
+        /* keep the parts outside [start, end) */
+        if (s < start) {
+            ranges_.emplace(s, Kept{start, k.checked});
+        }
+        if (k.end > end) {
+            it = ranges_.emplace(end, Kept{k.end, k.checked}).first;
+            ++it;
+        }
+    }
+}
+
+bool RetainedRanges::find(uintptr_t start, uintptr_t end, bool *checked) const
+{
+    auto it = ranges_.find(start);
+    if ((it == ranges_.end()) || (it->second.end != end)) {
+        return false;
+    }
+    *checked = it->second.checked;
+    return true;
+}
+
+bool RetainedRanges::pop_oldest(Range *r)
+{
+    while (head_ < order_.size()) {
+        const Range cand = order_[head_++];
+        /* what is left of it, if anything */
+        auto it = ranges_.upper_bound(cand.first);
+        if ((it != ranges_.begin()) && (std::prev(it)->second.end > cand.first)) {
+            --it;
+        }
+        if ((it != ranges_.end()) && (it->first < cand.second)) {
+            *r = Range{it->first, it->second.end};
+            ranges_.erase(it);
+            return true;
+        }
+    }
+    order_.clear();
+    head_ = 0;
+    if (ranges_.empty()) {
+        return false;
+    }
+    /* parts split off earlier are not in the order list */
+    *r = Range{ranges_.begin()->first, ranges_.begin()->second.end};
+    ranges_.erase(ranges_.begin());
+    return true;
+}
+
+void RetainedRanges::clear()
+{
+    ranges_.clear();
+    order_.clear();
+    head_ = 0;
 }
 
 } // namespace kreg

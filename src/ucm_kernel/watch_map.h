@@ -16,11 +16,15 @@ using Ranges = std::vector<Range>;
 
 class WatchMap {
 public:
-    /* Adds one watcher over [start, end). */
+    /* Adds one watcher over [start, end), freshly registered. */
     void add(uintptr_t start, uintptr_t end);
     /* Removes one watcher over [start, end) where there is one; returns
-     * the ranges nobody watches any more. */
-    Ranges remove(uintptr_t start, uintptr_t end);
+     * the ranges nobody watches any more. Those the kernel unmapped since
+     * their registration (mark_gone) go to *gone, if given. */
+    Ranges remove(uintptr_t start, uintptr_t end, Ranges *gone = nullptr);
+    /* The kernel unmapped [start, end): watched parts of it are no longer
+     * registered, whatever their watchers still think. */
+    void mark_gone(uintptr_t start, uintptr_t end);
     /* Every watched range, adjacent ones merged. */
     Ranges ranges() const;
     /* The parts of [start, end) no watcher covers. */
@@ -36,11 +40,40 @@ private:
     struct Seg {
         uintptr_t end;
         unsigned  count;
+        bool      gone;
     };
     /* Splits the segment that contains addr so that one starts at addr. */
     void split_at(uintptr_t addr);
 
     std::map<uintptr_t, Seg> segs_; /* start -> segment; disjoint */
+};
+
+/* Ranges the kernel still has registered though nobody watches them any
+ * more: unregistering costs a mapping split and merge under the mm write
+ * lock (~5 us), and a cache drops and registers the same buffers again
+ * and again. Kept in arrival order, the oldest unregistered first when
+ * there are too many. */
+class RetainedRanges {
+public:
+    /* checked: the caller had found no page-cache page in it */
+    void add(uintptr_t start, uintptr_t end, bool checked);
+    /* Forgets whatever lies in [start, end) (watched again, or gone). */
+    void drop(uintptr_t start, uintptr_t end);
+    /* true if [start, end) is one retained range, with its `checked` */
+    bool find(uintptr_t start, uintptr_t end, bool *checked) const;
+    /* The oldest range, forgotten; false if none. */
+    bool pop_oldest(Range *r);
+    void clear();
+    size_t size() const { return ranges_.size(); }
+
+private:
+    struct Kept {
+        uintptr_t end;
+        bool      checked;
+    };
+    std::map<uintptr_t, Kept>      ranges_; /* start -> range; disjoint */
+    std::vector<Range>             order_;  /* arrival order, may hold stale */
+    size_t                         head_ = 0;
 };
 
 } // namespace kreg
