@@ -524,9 +524,10 @@ static __poll_t kreg_poll(struct file *file, poll_table *wait)
 
 /*
  * The counters, read-only, at offset 0, at most counters_size bytes. Not
- * copied into a forked child, never writable (VM_MAYWRITE cleared, so
- * mprotect cannot add PROT_WRITE), not grown by mremap, not dumped.
- * Takes no lock of ours: mmap_lock is held here.
+ * copied into a forked child (VM_IO makes madvise(MADV_DOFORK) refuse to
+ * undo VM_DONTCOPY, and keeps the pages from being pinned), never writable
+ * (VM_MAYWRITE cleared, so mprotect cannot add PROT_WRITE), not grown by
+ * mremap, not dumped. Takes no lock of ours: mmap_lock is held here.
  */
 static int kreg_mmap(struct file *file, struct vm_area_struct *vma)
 {
@@ -539,10 +540,10 @@ static int kreg_mmap(struct file *file, struct vm_area_struct *vma)
 	if (vma->vm_flags & VM_WRITE)
 		return -EACCES;
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 3, 0)
-	vm_flags_set(vma, VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP);
+	vm_flags_set(vma, VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP | VM_IO);
 	vm_flags_clear(vma, VM_MAYWRITE);
 #else
-	vma->vm_flags |= VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP;
+	vma->vm_flags |= VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP | VM_IO;
 	vma->vm_flags &= ~VM_MAYWRITE;
 #endif
 	return remap_vmalloc_range(vma, ctx->counters, 0);

@@ -49,7 +49,8 @@
  *               EAGAIN  O_NONBLOCK and nothing queued (otherwise it blocks)
  *   mmap()      EINVAL  offset not 0, or longer than counters_size
  *               EACCES  PROT_WRITE, now or later (mprotect); the mapping is
- *                       never copied into a child, grown or dumped
+ *                       never copied into a child (madvise MADV_DOFORK on
+ *                       it fails with EINVAL), grown, pinned or dumped
  */
 #ifndef _UAPI_KREG_NOTIFIER_H
 #define _UAPI_KREG_NOTIFIER_H
