@@ -70,9 +70,12 @@ void log_refusal(kreg_reason_t why, uintptr_t start, uintptr_t end, int err)
 /* A watch that is never current: what kreg_watch leaves on refusal. */
 void clear_watch(kreg_watch_t *w)
 {
-    *w          = kreg_watch_t{};
-    w->counter  = generation_word();
-    w->snapshot = 0; /* the generation word is never 0 */
+    /* atomic stores for the two fields a concurrent hit reads (see
+     * kreg_watch_is_current) */
+    __atomic_store_n(&w->counter, generation_word(), __ATOMIC_RELAXED);
+    __atomic_store_n(&w->snapshot, 0, __ATOMIC_RELAXED); /* never a generation */
+    w->start = w->end = 0;
+    w->slot = w->generation = 0;
 }
 
 void noop_completion(void *) {}

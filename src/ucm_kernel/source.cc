@@ -175,15 +175,17 @@ void restart_in_child()
 {
     State &s = state();
     std::lock_guard<std::mutex> guard(s.life_lock);
-    if (!s.forked_child.exchange(false) || (s.refs == 0)) {
-        return;
+    if (!s.forked_child.load()) {
+        return; /* another thread restarted it meanwhile */
     }
     StartError err;
-    if (!open_backend(s, &err)) {
+    if ((s.refs > 0) && !open_backend(s, &err)) {
         s.reason = KREG_REASON_FORKED;
         ucs_warn("kreg: cannot restart in the forked child: %s; every "
                  "registration is uncached", err.text.c_str());
     }
+    /* only now: a thread that finds the flag down finds the backend up */
+    s.forked_child.store(false);
 }
 
 inline void check_fork()

@@ -182,7 +182,12 @@ KREG_API void kreg_unwatch(kreg_watch_t *w);
  * turns false after a fork or a stop. */
 static inline int kreg_watch_is_current(const kreg_watch_t *w)
 {
-    return __atomic_load_n(w->counter, __ATOMIC_ACQUIRE) == w->snapshot;
+    /* atomic loads of *w too (plain moves on x86): the entry may be
+     * released by another thread right after this, ordered by the rcache's
+     * reference count, which sanitizers do not see */
+    const volatile uint64_t *counter = __atomic_load_n(&w->counter, __ATOMIC_RELAXED);
+    return __atomic_load_n(counter, __ATOMIC_ACQUIRE) ==
+           __atomic_load_n(&w->snapshot, __ATOMIC_RELAXED);
 }
 
 /* Call before an rcache lookup of [addr, addr+len). uffd: waits for

@@ -43,11 +43,6 @@ Sent judge(const std::vector<unsigned char> &got)
            (n_old == got.size()) ? Sent::stale : Sent::mixed;
 }
 
-const char *str(Sent s)
-{
-    return (s == Sent::fresh) ? "fresh" : (s == Sent::stale) ? "STALE" : "mixed";
-}
-
 void *raw_mremap(void *old, size_t old_len, size_t new_len, int flags,
                  void *new_addr = nullptr)
 {
@@ -60,7 +55,6 @@ class AddressSpace : public testing::TestWithParam<Config> {
 protected:
     void SetUp() override
     {
-        KREG_SKIP_UNDER_TSAN_IO_URING();
         KREG_START_OR_SKIP(source_, GetParam());
         rc_ = std::make_unique<uring_rcache>(kreg_tools::source::kernel);
     }
@@ -223,7 +217,6 @@ INSTANTIATE_TEST_SUITE_P(Exact, SharedMemory, testing::ValuesIn(exact_configs())
  * option's documentation warns of). */
 TEST(SharedMemoryPolicy, WatchOptionUnderUffdMissesAHolePunch)
 {
-    KREG_SKIP_UNDER_TSAN_IO_URING();
     setenv("UCX_KREG_SHARED_MEMORY", "watch", 1);
     Source src(kUffd);
     unsetenv("UCX_KREG_SHARED_MEMORY");
@@ -343,7 +336,6 @@ class CrossThread : public testing::TestWithParam<std::tuple<Config, int>> {
 protected:
     void SetUp() override
     {
-        KREG_SKIP_UNDER_TSAN_IO_URING();
         KREG_START_OR_SKIP(source_, std::get<0>(GetParam()));
     }
     std::unique_ptr<Source> source_;
