@@ -156,7 +156,7 @@ int kreg_prepare_lookup(void *addr, size_t len)
     if ((b == nullptr) || !page_range(addr, len, &start, &end)) {
         return 0;
     }
-    return b->prepare_lookup(start, end);
+    return b->checks_at_lookup() ? b->prepare_lookup(start, end) : 1;
 }
 
 ucs_status_t kreg_register_watched(void *addr, size_t len, kreg_watch_t *w,
@@ -201,7 +201,10 @@ ucs_status_t kreg_rcache_get(struct ucs_rcache *rcache, void *addr, size_t len,
     /* bounded: memory that changes under every registration is not
      * cacheable (kreg_register_watched gives up on it as well) */
     for (int stale = 0; stale < 8; ++stale) {
-        kreg_prepare_lookup(addr, len);
+        Backend *b = source_backend();
+        if ((b != nullptr) && b->checks_at_lookup()) {
+            kreg_prepare_lookup(addr, len);
+        }
         ucs_rcache_region_t *region;
         ucs_status_t status = ucs_rcache_get(rcache, addr, len, prot, arg, &region);
         if (status != UCS_OK) {

@@ -43,8 +43,11 @@ public:
     /* After the range was registered: may it be cached? */
     virtual kreg_reason_t confirm(kreg_watch_t *w) = 0;
     virtual void unwatch(const kreg_watch_t *w) = 0;
-    /* Before a lookup; 0 if the range was found changed (and reported). */
+    /* Before a lookup; 0 if the range was found changed (and reported).
+     * Called only where checks_at_lookup(): the notifier's hit needs
+     * nothing but its counter, and a hit must not pay for a call. */
     virtual int prepare_lookup(uintptr_t start, uintptr_t end) = 0;
+    bool checks_at_lookup() const { return checks_at_lookup_; }
     /* Every event queued by the kernel so far is dispatched. */
     virtual void sync() = 0;
 
@@ -61,6 +64,12 @@ public:
 
     virtual void query(kreg_caps_t *caps) const = 0;
     virtual void add_stats(kreg_stats_t *stats) const = 0;
+
+protected:
+    explicit Backend(bool checks_at_lookup) : checks_at_lookup_(checks_at_lookup) {}
+
+private:
+    const bool checks_at_lookup_;
 };
 
 Backend &uffd_backend();

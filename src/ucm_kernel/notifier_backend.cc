@@ -65,6 +65,7 @@ kreg_reason_t reason_of(int err)
 
 class NotifierBackend final : public Backend {
 public:
+    NotifierBackend() : Backend(false) {}
     kreg_backend_t kind() const override { return KREG_BACKEND_NOTIFIER; }
 
     bool start(const kreg_options_t &opts, StartError *err) override

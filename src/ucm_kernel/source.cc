@@ -46,10 +46,14 @@ struct State {
     std::atomic<bool>        exiting{false};
 };
 
-State &state()
+/* Made when the library loads (before anything can call in: libraries that
+ * use us are initialised after us) and never destroyed, see above. Not a
+ * function-local static: a hit must not pay for its guard. */
+State *const g_state = new State;
+
+inline State &state()
 {
-    static State *const s = new State; /* never destroyed, see above */
-    return *s;
+    return *g_state;
 }
 
 /* 1 until the first stop or fork; watches without a counter of their own

@@ -59,6 +59,7 @@ unsigned long read_max_map_count()
 
 class UffdBackend final : public Backend {
 public:
+    UffdBackend() : Backend(true) {}
     kreg_backend_t kind() const override { return KREG_BACKEND_UFFD; }
 
     bool start(const kreg_options_t &opts, StartError *err) override
