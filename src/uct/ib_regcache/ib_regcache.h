@@ -1,16 +1,32 @@
 /*
- * ib_regcache: UCX's own IB memory domain and verbs transports, re-exported
- * under a component of their own, with every cached registration watched by
- * libucm_kernel. Shared between the C part (component and transport
- * definitions) and the C++ part (memory domain decoration).
+ * ib_regcache: a UCT component whose memory domain is a registration cache
+ * of its own (UCS ucs_rcache, kept correct by libucm_kernel) over UCX's IB
+ * md, and whose transports are UCX's verbs transports on that IB md.
  *
- * Nothing here is visible outside the library: the only exported symbols
- * are the constructor and destructor that register the component.
+ * This header is the part that does not depend on UCX's version: it sees
+ * UCX only through its installed public headers (uct/api/uct.h,
+ * ucs/memory/rcache.h). Everything that depends on UCX's internals is in
+ * the version layer (ucx_layer.h, ucx_1_13.c).
+ *
+ *   component.c  load time: version check, UCP's own cache, registration
+ *   open.c       the open policy: kernel source, registration methods,
+ *                inner md, rcache or pass-through, reg_cost
+ *   md.c         the caching md: mem_reg (hit, miss, uncached), mem_dereg
+ *   stock.c      the stock "ib" md's policy next to this library (hazard 3)
+ *   ucx_1_13.c   everything UCX-version dependent
+ *
+ * Nothing here is visible outside the library (-fvisibility=hidden).
  */
 #ifndef UCX_KREG_IB_REGCACHE_H
 #define UCX_KREG_IB_REGCACHE_H
 
-#include <uct/ib/base/ib_md.h>
+#include <ucm_kernel/ucm_kernel.h>
+#include <uct/api/uct.h>
+#include <ucs/datastruct/linear_func.h>
+#include <ucs/memory/rcache.h>
+
+#include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -22,48 +38,132 @@ extern "C" {
 #define KREG_COMPONENT_NAME     "ib_regcache"
 #define KREG_MD_CONFIG_PREFIX   "IB_REGCACHE_"
 #define KREG_RC_TL_NAME         "rc_kreg"
-#define KREG_RC_CONFIG_PREFIX   "RC_KREG_"
 #define KREG_UD_TL_NAME         "ud_kreg"
-#define KREG_UD_CONFIG_PREFIX   "UD_KREG_"
 /* UCX's mlx5 transports (rc_mlx5, dc_mlx5, ud_mlx5; "_x" as in UCX's
  * aliases rc_x, dc_x, ud_x: a name has at most UCT_TL_NAME_MAX - 1 = 9
- * characters). They list devices only on an mlx5 device (UCX's own query
- * filters by device flags), never on rxe. */
+ * characters). They list devices only on an mlx5 device. */
 #define KREG_RC_MLX5_TL_NAME    "rc_kreg_x"
 #define KREG_DC_MLX5_TL_NAME    "dc_kreg_x"
 #define KREG_UD_MLX5_TL_NAME    "ud_kreg_x"
 
-/* Memory domain configuration: UCX's IB md options, then our own. */
-typedef struct kreg_md_config {
-    uct_ib_md_config_t ib;
-    /* Refuse to open the md when libucm_kernel cannot start (instead of
-     * running UCX's md undecorated, with UCM's hooks or no cache). */
-    int                require_kernel;
-} kreg_md_config_t;
+/* ---- memory handles ------------------------------------------------------
+ *
+ * UCP and the transports cast a memory handle to UCX's own (uct_ib_mem_t:
+ * lkey, rkey, flags; mlx5 a larger struct), so the handle this md hands out
+ * is a byte copy of the one UCX's IB md returned, placed right after a
+ * kreg_memh_t that says where the original is. In a cached registration the
+ * kreg_memh_t is the last member of the rcache region, so the copy lives in
+ * the region; an uncached registration gets a heap block of the same shape.
+ */
+typedef struct kreg_memh {
+    uct_mem_h inner;   /* UCX's handle, as its md's mem_reg returned it */
+    uint32_t  flags;   /* KREG_MEMH_FLAG_* */
+    uint32_t  size;    /* bytes of the copy that follows */
+} kreg_memh_t;
 
-extern uct_component_t kreg_component;
+enum {
+    KREG_MEMH_FLAG_CACHED = 1u << 0, /* in an rcache region (else heap)    */
+    KREG_MEMH_FLAG_ATOMIC = 1u << 1  /* registered or upgraded with remote
+                                        atomic access */
+};
 
-/* The component's md_open (md.cc). */
-ucs_status_t kreg_md_open(uct_component_t *component, const char *md_name,
-                          const uct_md_config_t *md_config, uct_md_h *md_p);
+/* The copy handed out as uct_mem_h, and back. */
+static inline uct_mem_h kreg_memh_ucx(kreg_memh_t *memh)
+{
+    return (uct_mem_h)(memh + 1);
+}
 
-/* ib_shims.c: UCX's IB functions whose headers give them no C linkage. */
-const char *kreg_md_dev_name(uct_ib_md_t *md);
-ucs_status_t kreg_ib_md_open(const char *md_name, const uct_md_config_t *config,
-                             uct_md_h *md_p);
-void kreg_invoke_completion(uct_completion_t *comp, ucs_status_t status);
-/* Whether a component of that name is registered in this process. */
-int kreg_component_loaded(const char *name);
+static inline kreg_memh_t *kreg_memh_of(uct_mem_h ucx_memh)
+{
+    return (kreg_memh_t*)ucx_memh - 1;
+}
 
-/* Takes over uct_ib_component.md_open so that stock IB mds take the kernel
- * event source and get watched too (hazard 3); and gives it back. */
-void kreg_stock_ib_hook_install(void);
-void kreg_stock_ib_hook_remove(void);
+/* An rcache region: what the event source needs for the exact check (the
+ * watch, with its counter snapshot) and the registration. */
+typedef struct kreg_region {
+    ucs_rcache_region_t super;
+    kreg_watch_t        watch;
+    kreg_memh_t         memh;   /* last: UCX's memh copy follows */
+} kreg_region_t;
 
-/* UCP's own registration cache (UCX_RCACHE_ENABLE) caches memory handles
- * above the md: its hits never reach kreg_prepare_lookup(), and it would
- * keep a handle that this md registered uncached. The constructor disables
- * it by default; this records what it found. */
+_Static_assert(offsetof(kreg_region_t, memh) + sizeof(kreg_memh_t) ==
+               sizeof(kreg_region_t),
+               "the memh copy must follow the region without padding");
+
+/* ---- the caching md ------------------------------------------------------
+ *
+ * The md UCT and UCP hold is UCX's IB md object itself, opened with UCX's
+ * own cache off, with its ops table and component replaced by ours (the
+ * version layer keeps its original ops and calls them for registration,
+ * key packing and everything else). It has to be that object: UCX's
+ * transports cast the md they are opened with to UCX's IB md, and
+ * uct_iface_mem_alloc() gives the memory it registers to iface->md, which
+ * callers use with the md they opened (ucx_perftest asserts they are one).
+ */
+typedef struct kreg_md {
+    uct_md_h          ib_md;        /* UCX's IB md object (also ours)       */
+    ucs_rcache_t      *rcache;      /* ours; NULL: registrations pass
+                                       through to UCX's md (uncached)      */
+    size_t            memh_size;    /* bytes of UCX's memh                  */
+    uint64_t          cap_flags;    /* UCX's md's UCT_MD_FLAG_*             */
+    ucs_linear_func_t reg_cost;     /* what our md_attr reports             */
+    int               kreg_started; /* holds a kreg_start() to pair         */
+    char              name[UCT_MD_NAME_MAX];
+    /* counters, for the close log and tests */
+    uint64_t          regions;      /* registrations made for the cache     */
+    uint64_t          uncached;     /* registrations made without it        */
+} kreg_md_t;
+
+/* What open.c needs of the component's md configuration, read by the
+ * version layer from UCX's IB md config it embeds. */
+typedef struct kreg_md_open_config {
+    const void *ucx;             /* the layer's config, for kreg_ucx_*      */
+    int        require_kernel;   /* UCX_IB_REGCACHE_REQUIRE_KERNEL          */
+    char       reg_methods[128]; /* UCX's REG_METHODS list, comma separated */
+    double     rcache_overhead;  /* UCX's RCACHE_OVERHEAD, seconds          */
+} kreg_md_open_config_t;
+
+/* open.c: fills md (zeroed by the version layer, which then takes over the
+ * IB md's ops) or returns an error with nothing held. kreg_md_close undoes
+ * it, UCX's IB md included. */
+ucs_status_t kreg_md_open(kreg_md_t *md, const char *md_name,
+                          const kreg_md_open_config_t *config);
+void kreg_md_close(kreg_md_t *md);
+
+/* md.c: the md operations the version layer forwards to. */
+ucs_status_t kreg_md_mem_reg(kreg_md_t *md, void *address, size_t length,
+                             unsigned flags, uct_mem_h *memh_p);
+/* invalidate_comp: NULL, or the completion of UCT_MD_MEM_DEREG_FLAG_INVALIDATE */
+ucs_status_t kreg_md_mem_dereg(kreg_md_t *md, uct_mem_h memh,
+                               uct_completion_t *invalidate_comp);
+/* After a call of UCX's md that may change the original handle (mkey_pack
+ * creates atomic and indirect keys on demand): bring the copy up to date. */
+void kreg_md_memh_sync(kreg_md_t *md, kreg_memh_t *memh);
+/* The rcache's callbacks (through the layer's rcache ops). */
+ucs_status_t kreg_md_region_register(kreg_md_t *md, kreg_region_t *region,
+                                     unsigned uct_flags, int silent);
+void kreg_md_region_deregister(kreg_md_t *md, kreg_region_t *region);
+void kreg_md_region_dump(kreg_md_t *md, kreg_region_t *region, char *buf,
+                         size_t max);
+
+/* Registration method lists (UCX's REG_METHODS, comma separated), open.c.
+ * replace: `methods` with `drop` removed and, when `with` is not NULL, `with`
+ * in its place; no method twice. Returns 1 if `drop` was in the list.
+ * append: `name` at the end of `out` unless it is there already. */
+int kreg_methods_replace(const char *methods, const char *drop,
+                         const char *with, char *out, size_t max);
+void kreg_methods_append(char *out, size_t max, const char *name);
+int kreg_methods_has(const char *methods, const char *name);
+
+/* stock.c: the registration methods UCX's stock "ib" md is opened with
+ * while this library is loaded (into out); logs why, once. */
+void kreg_stock_reg_methods(const char *md_name, const char *configured,
+                            char *out, size_t max);
+
+/* component.c: UCP's own registration cache (UCX_RCACHE_ENABLE) caches
+ * memory handles above the md, its hits never reach our check, and it would
+ * keep handles registered uncached. The constructor disables it by default;
+ * this records what it found. */
 typedef enum {
     KREG_UCP_RCACHE_DISABLED_BY_US = 0,
     KREG_UCP_RCACHE_DISABLED_BY_USER,
