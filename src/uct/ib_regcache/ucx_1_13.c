@@ -41,8 +41,6 @@ _Static_assert((UCP_API_MAJOR == 1) && (UCP_API_MINOR == 13),
                "ucx_1_13.c is written for UCX 1.13 (built and tested with "
                "1.13.1): another UCX needs its own version layer");
 
-#define KREG_EXPORT __attribute__((visibility("default")))
-
 /* ---- md configuration ---------------------------------------------------- */
 
 typedef struct kreg_md_config {
