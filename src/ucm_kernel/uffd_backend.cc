@@ -321,7 +321,12 @@ private:
                 *end   = e;
             }
         }
-        if (rc != 0) {
+        /* Only a split can fail after the kernel registered part of the
+         * range (ENOMEM: the mapping count is exhausted); other errors come
+         * from its checks before it changes anything. Never unregister
+         * then: Linux 6.1's UFFDIO_UNREGISTER drops a range another
+         * userfaultfd registered (EBUSY) as readily as ours. */
+        if (rc == ENOMEM) {
             for (const Range &r : watches_.gaps(*start, *end)) {
                 (void)uffd_.unwatch(r.first, r.second - r.first);
                 retained_.drop(r.first, r.second);

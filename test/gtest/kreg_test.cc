@@ -4,7 +4,9 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "kmod/uapi/kreg_notifier.h"
@@ -122,6 +124,32 @@ uint64_t kernel_reports()
     kreg_stats_t st;
     kreg_get_stats(&st);
     return st.dispatched;
+}
+
+int real_file(size_t len, std::string *why)
+{
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    std::string exe_dir = (n > 0) ? std::string(exe, n) : std::string(".");
+    exe_dir = exe_dir.substr(0, exe_dir.rfind('/'));
+    for (const std::string &dir : {std::string("/var/tmp"), exe_dir}) {
+        struct statfs fs;
+        if ((statfs(dir.c_str(), &fs) != 0) || (fs.f_type == TMPFS_MAGIC)) {
+            continue;
+        }
+        std::string path = dir + "/kreg-file-XXXXXX";
+        int fd = mkstemp(&path[0]);
+        if (fd < 0) {
+            continue;
+        }
+        unlink(path.c_str());
+        if (ftruncate(fd, static_cast<off_t>(len)) == 0) {
+            return fd;
+        }
+        close(fd);
+    }
+    *why = "no writable file system here but tmpfs (shared memory to the kernel)";
+    return -1;
 }
 
 void *map_anon(size_t len, void *hint, int extra_flags)

@@ -132,6 +132,11 @@ private:
  * by a lookup's check): stats.dispatched. */
 uint64_t kernel_reports();
 
+/* A file of `len` bytes on a file system that is not tmpfs (tmpfs files are
+ * shared memory to the kernel), unlinked; -1 with *why set if there is
+ * none (the Soft-RoCE guest writes only tmpfs and 9p shares). */
+int real_file(size_t len, std::string *why);
+
 /* A fresh anonymous mapping of `len` bytes (optionally at `hint`). */
 void *map_anon(size_t len, void *hint = nullptr, int extra_flags = 0);
 
