@@ -56,6 +56,9 @@ bool page_range(const void *addr, size_t len, uintptr_t *start, uintptr_t *end)
 void log_refusal(kreg_reason_t why, uintptr_t start, uintptr_t end, int err)
 {
     counters().fallbacks[why].fetch_add(1, std::memory_order_relaxed);
+    if (source_exiting()) {
+        return; /* UCX's logger is being torn down: a refusal then is normal */
+    }
     const unsigned bit = 1u << why;
     if (!(counters().warned.fetch_or(bit) & bit)) {
         ucs_warn("kreg: cannot watch 0x%lx..0x%lx: %s (%s); registering it "

@@ -46,6 +46,17 @@ namespace {
  * same buffers again and again, and a kept notifier makes that free. */
 constexpr size_t kMaxRetained = 256;
 
+/* The module's ioctls may be interrupted by a signal whose handler has no
+ * SA_RESTART (seen: REGISTER under a SIGUSR1 storm): ask again. */
+int nf_ioctl(int fd, unsigned long cmd, void *arg)
+{
+    int rc;
+    do {
+        rc = ioctl(fd, cmd, arg);
+    } while ((rc != 0) && (errno == EINTR));
+    return rc;
+}
+
 kreg_reason_t reason_of(int err)
 {
     switch (err) {
@@ -83,7 +94,7 @@ public:
                         std::string(KREG_NF_DEVICE ": ") + strerror(errno));
         }
         struct kreg_nf_info info = {};
-        if (ioctl(fd_, KREG_NF_IOC_INFO, &info) != 0) {
+        if (nf_ioctl(fd_, KREG_NF_IOC_INFO, &info) != 0) {
             return fail(reason_of(errno),
                         std::string("KREG_NF_IOC_INFO: ") + strerror(errno));
         }
@@ -180,7 +191,7 @@ public:
             struct kreg_nf_register reg = {};
             reg.start = start;
             reg.len   = end - start;
-            if (ioctl(fd_, KREG_NF_IOC_REGISTER, &reg) != 0) {
+            if (nf_ioctl(fd_, KREG_NF_IOC_REGISTER, &reg) != 0) {
                 *err = errno;
                 return reason_of(*err);
             }
@@ -352,7 +363,7 @@ private:
             retained_seq_[s.slot] = 0;
             struct kreg_nf_unregister unreg = {};
             unreg.slot = s.slot;
-            if (ioctl(fd_, KREG_NF_IOC_UNREGISTER, &unreg) != 0) {
+            if (nf_ioctl(fd_, KREG_NF_IOC_UNREGISTER, &unreg) != 0) {
                 ucs_warn("kreg: unregistering slot %u (0x%lx..0x%lx) failed: %m",
                          s.slot, r.first, r.second);
             }

@@ -302,6 +302,11 @@ Backend *source_backend()
     return s.running.load(std::memory_order_acquire);
 }
 
+bool source_exiting()
+{
+    return state().exiting.load(std::memory_order_relaxed);
+}
+
 kreg_mode_t source_mode()
 {
     return static_cast<kreg_mode_t>(state().mode.load(std::memory_order_relaxed));

@@ -14,6 +14,9 @@ void source_stop();
  * restarts the source (the child's own descriptor and threads). */
 Backend *source_backend();
 kreg_mode_t source_mode();
+/* The process is exiting: our destructor ran, UCX's run next. Nothing
+ * may log or dispatch any more. */
+bool source_exiting();
 /* Why nothing runs, when source_backend() is nullptr. */
 kreg_reason_t source_reason();
 

@@ -325,7 +325,8 @@ TEST_P(Lifecycle, ExitWhileThreadsWatchAndUnwatch)
         }, 20);
         if (r.status != 0) {
             ++crashed;
-            last = r.timed_out() ? std::string("timed out") : r.output;
+            last = r.timed_out() ? std::string("timed out") :
+                                   "status " + std::to_string(r.status) + ": " + r.output;
         }
     }
     EXPECT_EQ(0, crashed) << crashed << " of 20 exits failed; last: " << last;
