@@ -483,6 +483,9 @@ std::string s_exit_live_threads(ctx &c)
         exit(0);
         return 0;
     }, 30);
+    if (r.status != 0) {
+        fputs(r.output.c_str(), stdout); /* shown under the FAIL line */
+    }
     return (r.status == 0) ? std::string("ok") :
            r.timed_out()   ? std::string("FAIL:exit hung") :
                              "FAIL:exit status " + std::to_string(r.status);
@@ -537,7 +540,7 @@ const scenario kScenarios[] = {
     {"two_rcaches", s_two_rcaches, nullptr,
      "MAP_FIXED over part of a range two caches hold; the other re-registers"},
     {"exit_live_threads", s_exit_live_threads, nullptr,
-     "exit() while threads register, send and unmap"},
+     "exit() while threads register, send and unmap", true},
 };
 
 } // namespace

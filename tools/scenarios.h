@@ -18,6 +18,7 @@ struct scenario {
     std::string (*run)(ctx &);
     const char *malloc_conf; /* non-null: run with jemalloc preloaded */
     const char *what;
+    bool        exits_with_live_threads = false; /* LeakSanitizer off */
 };
 
 std::vector<const scenario *> scenarios();
