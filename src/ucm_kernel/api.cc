@@ -61,9 +61,14 @@ void log_refusal(kreg_reason_t why, uintptr_t start, uintptr_t end, int err)
     }
     const unsigned bit = 1u << why;
     if (!(counters().warned.fetch_or(bit) & bit)) {
-        ucs_warn("kreg: cannot watch 0x%lx..0x%lx: %s (%s); registering it "
-                 "uncached", start, end, kreg_reason_str(why),
-                 err ? strerror(err) : "no error code");
+        /* Pages that keep changing while pinned (the kernel migrating or
+         * compacting them, seen in the guest under memory pressure) are a
+         * passing state of the machine, not a setting to fix: diag level. */
+        const ucs_log_level_t level = (why == KREG_REASON_CHANGED) ?
+                                      UCS_LOG_LEVEL_DIAG : UCS_LOG_LEVEL_WARN;
+        ucs_log(level, "kreg: cannot watch 0x%lx..0x%lx: %s (%s); registering "
+                "it uncached", start, end, kreg_reason_str(why),
+                err ? strerror(err) : "no error code");
     } else {
         ucs_debug("kreg: cannot watch 0x%lx..0x%lx: %s", start, end,
                   kreg_reason_str(why));
