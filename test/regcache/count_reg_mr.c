@@ -60,6 +60,14 @@ int ibv_dereg_mr(struct ibv_mr *mr)
     return next(mr);
 }
 
+/* For a program that counts as it goes (contrib/report/fi_mr_bench finds
+ * it with dlsym). */
+__attribute__((visibility("default")))
+unsigned long count_reg_mr_calls(void)
+{
+    return atomic_load(&reg_count);
+}
+
 static void __attribute__((destructor)) count_reg_mr_report(void)
 {
     fprintf(stderr, "count_reg_mr: pid %d: %lu ibv_reg_mr, %lu ibv_dereg_mr\n",
