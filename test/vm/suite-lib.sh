@@ -4,6 +4,9 @@
 
 # (sourcing it again keeps the counts)
 : "${suite_pass:=0}" "${suite_fail:=0}" "${suite_skip:=0}"
+# a misspelt call in the suite script itself is a failure, not a silent gap
+trap 'if [ $? = 127 ]; then suite_fail=$((suite_fail + 1))
+      echo "FAIL suite script: a command was not found (bash says which)"; fi' ERR
 
 # suite_run NAME FUNCTION [ARGS...]: runs FUNCTION with its output in
 # $suite_outdir/NAME.txt; status 0 pass, 77 skip (the reason: its last
