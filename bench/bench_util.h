@@ -73,8 +73,8 @@ inline void escape(void *p)
 
 /* ---- one configuration per process ---------------------------------- */
 
-using kreg_tools::ChildResult;
-using kreg_tools::EnvChange;
+using kreg_tools::child_result;
+using kreg_tools::env_change;
 
 /* The configurations a child runs in, by name:
  *   no_ucx, hooks   UCX's defaults (UCM installs its hooks when an rcache
@@ -88,9 +88,9 @@ inline bool is_kernel_config(const std::string &name)
     return (name != "no_ucx") && (name != "hooks");
 }
 
-inline std::vector<EnvChange> env_for(const std::string &name)
+inline std::vector<env_change> env_for(const std::string &name)
 {
-    std::vector<EnvChange> env = {{"UCX_KREG_BACKEND", std::nullopt},
+    std::vector<env_change> env = {{"UCX_KREG_BACKEND", std::nullopt},
                                   {"UCX_KREG_MODE", std::nullopt}};
     if (!is_kernel_config(name)) {
         env.push_back({"UCX_MEM_MALLOC_HOOKS", std::nullopt});
@@ -112,8 +112,8 @@ inline std::vector<EnvChange> env_for(const std::string &name)
     return env;
 }
 
-inline ChildResult run_self(const std::vector<std::string> &args,
-                            const std::vector<EnvChange> &env)
+inline child_result run_self(const std::vector<std::string> &args,
+                            const std::vector<env_change> &env)
 {
     return kreg_tools::run_self("kreg-bench-child", args, env, 0, false);
 }
@@ -151,7 +151,7 @@ inline bool kernel_start(const std::string &config)
 
 /* ---- pinning: io_uring fixed buffers on a sparse table ---------------- */
 
-class Pinner {
+class page_pinner {
 public:
     bool open(unsigned slots)
     {
@@ -237,33 +237,33 @@ inline uint64_t pfn_of(int pagemap_fd, const void *addr)
 
 /* ---- the rcache of a kernel-watched md -------------------------------- */
 
-struct Region {
+struct bench_region {
     ucs_rcache_region_t super;
     kreg_watch_t        watch;
     uint64_t            gen;  /* which registration this is */
     uint64_t            pfn;  /* first page at registration (root only) */
-    int                 slot; /* Pinner slot, -1 if not pinned */
+    int                 slot; /* page_pinner slot, -1 if not pinned */
 };
 
-struct Cache {
+struct bench_cache {
     ucs_rcache_t *rc      = nullptr;
     bool          kernel  = false; /* kreg_start()ed: watch in mem_reg */
     bool          watch   = true;  /* P4 turns it off for its baseline */
-    Pinner       *pinner  = nullptr;
+    page_pinner       *pinner  = nullptr;
     int           pagemap = -1;
     std::atomic<uint64_t> regs{0}, deregs{0}, refusals{0};
     std::atomic<uint64_t> next_gen{0};
 };
 
 /* what kreg_register_watched calls to register (pin) and to undo it */
-struct PinArgs {
-    Cache  *c;
-    Region *r;
+struct pin_args {
+    bench_cache  *c;
+    bench_region *r;
 };
 
 inline ucs_status_t cache_pin(void *arg, void *start, size_t len)
 {
-    auto *a    = static_cast<PinArgs *>(arg);
+    auto *a    = static_cast<pin_args *>(arg);
     a->r->slot = -1;
     if (a->c->pinner) {
         a->r->slot = a->c->pinner->pin(start, len);
@@ -276,7 +276,7 @@ inline ucs_status_t cache_pin(void *arg, void *start, size_t len)
 
 inline void cache_unpin(void *arg)
 {
-    auto *a = static_cast<PinArgs *>(arg);
+    auto *a = static_cast<pin_args *>(arg);
     if (a->r->slot >= 0) {
         a->c->pinner->unpin(a->r->slot);
         a->r->slot = -1;
@@ -286,11 +286,11 @@ inline void cache_unpin(void *arg)
 inline ucs_status_t cache_mem_reg(void *context, ucs_rcache_t *rcache, void *arg,
                                   ucs_rcache_region_t *rregion, uint16_t flags)
 {
-    Cache *c         = static_cast<Cache *>(context);
-    Region *r        = reinterpret_cast<Region *>(rregion);
+    bench_cache *c         = static_cast<bench_cache *>(context);
+    bench_region *r        = reinterpret_cast<bench_region *>(rregion);
     void *start      = reinterpret_cast<void *>(rregion->super.start);
     const size_t len = rregion->super.end - rregion->super.start;
-    PinArgs pin{c, r};
+    pin_args pin{c, r};
     ucs_status_t st;
 
     if (c->kernel && c->watch) {
@@ -318,9 +318,9 @@ inline ucs_status_t cache_mem_reg(void *context, ucs_rcache_t *rcache, void *arg
 inline void cache_mem_dereg(void *context, ucs_rcache_t *rcache,
                             ucs_rcache_region_t *rregion)
 {
-    Cache *c  = static_cast<Cache *>(context);
-    Region *r = reinterpret_cast<Region *>(rregion);
-    PinArgs pin{c, r};
+    bench_cache *c  = static_cast<bench_cache *>(context);
+    bench_region *r = reinterpret_cast<bench_region *>(rregion);
+    pin_args pin{c, r};
     cache_unpin(&pin);
     if (c->kernel && c->watch) {
         kreg_unwatch(&r->watch);
@@ -332,7 +332,7 @@ inline void cache_dump(void *context, ucs_rcache_t *rcache,
                        ucs_rcache_region_t *rregion, char *buf, size_t max)
 {
     snprintf(buf, max, "gen %lu",
-             static_cast<unsigned long>(reinterpret_cast<Region *>(rregion)->gen));
+             static_cast<unsigned long>(reinterpret_cast<bench_region *>(rregion)->gen));
 }
 
 inline const ucs_rcache_ops_t *cache_ops()
@@ -343,11 +343,11 @@ inline const ucs_rcache_ops_t *cache_ops()
 
 /* kernel: kreg_start() first (the caller), then this. hooks: this alone,
  * with UCX's default UCM settings, installs UCM's hooks. */
-inline bool cache_create(Cache *c, bool kernel, const char *name)
+inline bool cache_create(bench_cache *c, bool kernel, const char *name)
 {
     ucs_rcache_params_t p;
     memset(&p, 0, sizeof(p));
-    p.region_struct_size = sizeof(Region);
+    p.region_struct_size = sizeof(bench_region);
     p.alignment          = page_size();
     p.max_alignment      = page_size();
     p.ucm_events         = UCM_EVENT_VM_UNMAPPED;
@@ -367,7 +367,7 @@ inline bool cache_create(Cache *c, bool kernel, const char *name)
     return true;
 }
 
-inline void cache_destroy(Cache *c)
+inline void cache_destroy(bench_cache *c)
 {
     if (c->rc) {
         ucs_rcache_destroy(c->rc);
@@ -376,19 +376,19 @@ inline void cache_destroy(Cache *c)
 }
 
 /* The lookup of a kernel-watched md (kreg_rcache_get), or UCX's own. */
-inline ucs_status_t cache_get(Cache *c, void *addr, size_t len, Region **r)
+inline ucs_status_t cache_get(bench_cache *c, void *addr, size_t len, bench_region **r)
 {
     ucs_rcache_region_t *rr = nullptr;
     ucs_status_t st =
             c->kernel ? kreg_rcache_get(c->rc, addr, len, PROT_READ | PROT_WRITE,
-                                        nullptr, offsetof(Region, watch), &rr) :
+                                        nullptr, offsetof(bench_region, watch), &rr) :
                         ucs_rcache_get(c->rc, addr, len, PROT_READ | PROT_WRITE,
                                        nullptr, &rr);
-    *r = reinterpret_cast<Region *>(rr);
+    *r = reinterpret_cast<bench_region *>(rr);
     return st;
 }
 
-inline void cache_put(Cache *c, Region *r)
+inline void cache_put(bench_cache *c, bench_region *r)
 {
     ucs_rcache_region_put(c->rc, &r->super);
 }

@@ -116,7 +116,7 @@ void p1()
 
 /* ---- P2: cache hits ---------------------------------------------------- */
 
-void p2(Cache *c)
+void p2(bench_cache *c)
 {
     for (size_t size : {size_t(64) << 10, size_t(1) << 20}) {
         const std::string key = size == (64u << 10) ? "P2.hit_64k" : "P2.hit_1m";
@@ -126,7 +126,7 @@ void p2(Cache *c)
             die("mmap");
         }
         memset(buf, 1, size);
-        Region *r;
+        bench_region *r;
         if (cache_get(c, buf, size, &r) != UCS_OK) {
             fprintf(stderr, "bench: %s: first registration failed\n", key.c_str());
             g_failed = true;
@@ -138,7 +138,7 @@ void p2(Cache *c)
         result(key, per_op([c, buf, size](uint64_t n) {
             const uint64_t t0 = now_ns();
             for (uint64_t i = 0; i < n; ++i) {
-                Region *h;
+                bench_region *h;
                 if (cache_get(c, buf, size, &h) == UCS_OK) {
                     cache_put(c, h);
                 }
@@ -156,11 +156,11 @@ void p2(Cache *c)
 
 /* ---- P3: freeing a cached buffer --------------------------------------- */
 
-struct Probe {
+struct probe {
     std::atomic<uintptr_t> start{0}, end{0};
     std::atomic<uint64_t>  seen{0};
 };
-Probe g_probe;
+probe g_probe;
 
 /* Runs after the rcache's own handler (priority 1000 < 2000). */
 void probe_cb(ucm_event_type_t type, ucm_event_t *ev, void *arg)
@@ -186,7 +186,7 @@ bool wait_probe(uint64_t target)
     return true;
 }
 
-void p3(Cache *c)
+void p3(bench_cache *c)
 {
     const size_t size = 1u << 20;
     if (ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED | UCM_EVENT_FLAG_NO_INSTALL, 2000,
@@ -207,7 +207,7 @@ void p3(Cache *c)
             }
             memset(p, static_cast<int>(i), size);
             const uint64_t regs = c->regs.load();
-            Region *r;
+            bench_region *r;
             if (cache_get(c, p, size, &r) != UCS_OK) {
                 die("P3 registration");
             }
@@ -259,13 +259,13 @@ void noop_comp(void *) {}
 void p4()
 {
     const size_t size = 64u << 10;
-    Pinner pin_w, pin_n;
+    page_pinner pin_w, pin_n;
     if (!pin_w.open(16) || !pin_n.open(16)) {
         fprintf(stderr, "bench: P4 needs io_uring fixed buffers\n");
         g_failed = true;
         return;
     }
-    Cache cw, cn;
+    bench_cache cw, cn;
     cw.pinner = &pin_w;
     cn.pinner = &pin_n;
     cn.watch  = false;
@@ -280,7 +280,7 @@ void p4()
         die("mmap");
     }
     memset(buf, 1, size);
-    auto loop = [buf, size](Cache *c, uint64_t n) {
+    auto loop = [buf, size](bench_cache *c, uint64_t n) {
         const uint64_t regs = c->regs.load();
         const uint64_t t0   = now_ns();
         for (uint64_t i = 0; i < n; ++i) {
@@ -333,7 +333,7 @@ int child(const std::string &config)
     if (kernel && !kernel_start(config)) {
         return 3;
     }
-    Cache c;
+    bench_cache c;
     if (!cache_create(&c, kernel, "kreg_bench")) {
         if (kernel) {
             kreg_stop();
@@ -365,7 +365,7 @@ int child(const std::string &config)
 
 /* ---- parent -------------------------------------------------------------- */
 
-using Run = std::map<std::string, std::map<std::string, double>>; /* cfg -> key -> ns */
+using run_timings = std::map<std::string, std::map<std::string, double>>; /* cfg -> key -> ns */
 
 std::string loadavg()
 {
@@ -392,20 +392,20 @@ int parent(int reps)
     if (notifier) {
         cfgs.push_back("uffd");
     }
-    std::vector<Run> runs;
+    std::vector<run_timings> runs;
     std::string backend_line;
     int rc = 0;
     const uint64_t t0 = now_ns();
     printf("# kreg_bench: %d runs, %.0f ms per measurement, median of %d per child; "
            "loadavg %s\n", reps, g_target_ms, g_inner, loadavg().c_str());
     for (int rep = 0; rep < reps; ++rep) {
-        Run run;
+        run_timings run;
         for (size_t i = 0; i < cfgs.size(); ++i) {
             const std::string &cfg = cfgs[(i + rep) % cfgs.size()];
             std::vector<std::string> args = {"--child", cfg, "--ms",
                                              std::to_string(g_target_ms), "--inner",
                                              std::to_string(g_inner)};
-            ChildResult res = run_self(args, env_for(cfg));
+            child_result res = run_self(args, env_for(cfg));
             size_t pos = 0;
             while (pos < res.output.size()) {
                 size_t eol = res.output.find('\n', pos);
@@ -436,10 +436,10 @@ int parent(int reps)
         printf("%s\n", backend_line.c_str());
     }
 
-    struct Figure {
+    struct figure {
         std::string num, key, cfg, base_cfg, base_key, label;
     };
-    std::vector<Figure> figs;
+    std::vector<figure> figs;
     for (const char *w : {"malloc_free_300k", "malloc_touch_free_300k", "mmap_munmap_4k",
                           "mmap_munmap_1m"}) {
         for (const char *cfg : {"default", "hooks"}) {
@@ -466,7 +466,7 @@ int parent(int reps)
                             "miss_64k." + cfg + "/nowatch"});
         }
     }
-    auto value = [](const Run &r, const std::string &cfg, const std::string &key,
+    auto value = [](const run_timings &r, const std::string &cfg, const std::string &key,
                     double *v) {
         auto c = r.find(cfg);
         if (c == r.end()) {
@@ -479,9 +479,9 @@ int parent(int reps)
         *v = k->second;
         return true;
     };
-    for (const Figure &f : figs) {
+    for (const figure &f : figs) {
         std::vector<double> ratios, a, b;
-        for (const Run &r : runs) {
+        for (const run_timings &r : runs) {
             double x = 0, y = 0;
             if (value(r, f.cfg, f.key, &x) && value(r, f.base_cfg, f.base_key, &y) &&
                 y > 0) {
@@ -506,7 +506,7 @@ int parent(int reps)
         printf("# raw %s ns per hit:", key + 3);
         for (const std::string &cfg : cfgs) {
             std::vector<double> v;
-            for (const Run &r : runs) {
+            for (const run_timings &r : runs) {
                 double x = 0;
                 if (value(r, cfg, key, &x)) {
                     v.push_back(x);

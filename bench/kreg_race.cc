@@ -45,7 +45,7 @@ namespace {
 
 const size_t kLen = 64u << 10;
 
-enum Stage { NOT_QUEUED = 0, QUEUED, READ, DISPATCHED, STAGES };
+enum race_stage { NOT_QUEUED = 0, QUEUED, READ, DISPATCHED, STAGES };
 const char *const kStageName[STAGES] = {"not_queued", "queued", "read", "dispatched"};
 
 uintptr_t g_x;                         /* the address raced on */
@@ -120,7 +120,7 @@ bool wait_above(std::atomic<uint64_t> &v, uint64_t old, uint64_t timeout_ns)
     return true;
 }
 
-struct RaceThread {
+struct race_thread {
     std::atomic<uint64_t> round{0}, ready{0}, go{0}, done{0};
     std::atomic<bool>     stop{false};
 
@@ -164,13 +164,13 @@ int child(const std::string &mode, uint64_t rounds)
         fprintf(stderr, "race: no userfaultfd among the descriptors; the queued "
                 "stage is not told apart\n");
     }
-    Pinner pinner;
+    page_pinner pinner;
     if (!pinner.open(64)) {
         fprintf(stderr, "race: no io_uring fixed buffers\n");
         kreg_stop();
         return 3;
     }
-    Cache c;
+    bench_cache c;
     c.pinner  = &pinner;
     c.pagemap = (geteuid() == 0) ? open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC) : -1;
     if (!cache_create(&c, true, "kreg_race")) {
@@ -189,7 +189,7 @@ int child(const std::string &mode, uint64_t rounds)
     memset(x, 0xee, kLen);
     const bool pfn_oracle = pfn_of(c.pagemap, x) != 0;
 
-    RaceThread a;
+    race_thread a;
     std::thread ta([&a] { a.main(); });
 
     uint64_t stale = 0, pfn_stale = 0, disagree = 0, leftover = 0, other = 0;
@@ -202,7 +202,7 @@ int child(const std::string &mode, uint64_t rounds)
     for (r = 1; r <= rounds; ++r) {
         /* 1. cache the fresh mapping */
         uint64_t tp = now_ns();
-        Region *reg;
+        bench_region *reg;
         uint64_t regs = c.regs.load();
         if (cache_get(&c, x, kLen, &reg) != UCS_OK) {
             ++failed;
@@ -250,7 +250,7 @@ int child(const std::string &mode, uint64_t rounds)
         const bool q = has_pollin(uffd);
         const bool rd = a.done.load() == r;
         const bool d = g_kernel_seen.load() > kseen;
-        const Stage st = d ? DISPATCHED : rd ? READ : q ? QUEUED : NOT_QUEUED;
+        const race_stage st = d ? DISPATCHED : rd ? READ : q ? QUEUED : NOT_QUEUED;
         ++stage[st];
 
         /* the md's lookup */
@@ -338,7 +338,7 @@ int parent(uint64_t rounds, const std::vector<std::string> &modes)
     int rc = 0;
     for (const std::string &mode : modes) {
         const uint64_t t0 = now_ns();
-        ChildResult res = run_self({"--child", mode, "--rounds", std::to_string(rounds)},
+        child_result res = run_self({"--child", mode, "--rounds", std::to_string(rounds)},
                                    env_for(mode));
         const double wall = (now_ns() - t0) / 1e9;
         std::map<std::string, double> v;

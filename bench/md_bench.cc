@@ -147,7 +147,7 @@ int child(const std::string &config, const std::string &lib,
 
 /* ---- parent --------------------------------------------------------------- */
 
-std::vector<EnvChange> child_env(const std::string &config)
+std::vector<env_change> child_env(const std::string &config)
 {
     /* stock_md: UCX's defaults (hooks); ours: the kernel source, hooks off */
     return env_for((config == "stock_md") ? "hooks" : config);
@@ -176,7 +176,7 @@ int parent(int reps, const std::string &lib, const std::string &device,
             if (!device.empty()) {
                 args.insert(args.end(), {"--device", device});
             }
-            ChildResult res = kreg_tools::run_self("md-bench-child", args,
+            child_result res = kreg_tools::run_self("md-bench-child", args,
                                                    child_env(cfg), 120, true);
             size_t pos = 0;
             while (pos < res.output.size()) {

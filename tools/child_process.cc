@@ -17,10 +17,10 @@ namespace {
 /* Forks; the child redirects its output to the pipe and runs child_main,
  * whose return value it exits with. The parent collects the output until
  * the child closes it or the timeout passes, then reaps it. */
-ChildResult spawn(const std::function<int()> &child_main, int timeout_s,
+child_result spawn(const std::function<int()> &child_main, int timeout_s,
                   bool capture_stderr)
 {
-    ChildResult res;
+    child_result res;
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) {
         res.output = std::string("pipe: ") + strerror(errno);
@@ -104,19 +104,19 @@ ChildResult spawn(const std::function<int()> &child_main, int timeout_s,
 
 } // namespace
 
-ChildResult run_child(const std::function<int()> &fn, int timeout_s,
+child_result run_child(const std::function<int()> &fn, int timeout_s,
                       bool capture_stderr)
 {
     return spawn(fn, timeout_s, capture_stderr);
 }
 
-ChildResult run_self(const std::string &name, const std::vector<std::string> &args,
-                     const std::vector<EnvChange> &env, int timeout_s,
+child_result run_self(const std::string &name, const std::vector<std::string> &args,
+                     const std::vector<env_change> &env, int timeout_s,
                      bool capture_stderr)
 {
     return spawn(
             [&]() {
-                for (const EnvChange &e : env) {
+                for (const env_change &e : env) {
                     if (e.second) {
                         setenv(e.first.c_str(), e.second->c_str(), 1);
                     } else {

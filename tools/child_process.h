@@ -14,23 +14,23 @@
 
 namespace kreg_tools {
 
-struct ChildResult {
+struct child_result {
     int         status = -1;    /* exit code, 128+signal, or -1 on timeout */
     std::string output;         /* stdout, and stderr where asked */
     bool        timed_out() const { return status == -1; }
 };
 
 /* NAME=VALUE to set, or NAME with no value to unset */
-using EnvChange = std::pair<std::string, std::optional<std::string>>;
+using env_change = std::pair<std::string, std::optional<std::string>>;
 
 /* fn in a forked child; its return value is the exit code. timeout_s 0:
  * none. */
-ChildResult run_child(const std::function<int()> &fn, int timeout_s = 20,
+child_result run_child(const std::function<int()> &fn, int timeout_s = 20,
                       bool capture_stderr = true);
 
 /* /proc/self/exe with args (argv[0] is `name`) and env changes. */
-ChildResult run_self(const std::string &name, const std::vector<std::string> &args,
-                     const std::vector<EnvChange> &env, int timeout_s = 0,
+child_result run_self(const std::string &name, const std::vector<std::string> &args,
+                     const std::vector<env_change> &env, int timeout_s = 0,
                      bool capture_stderr = false);
 
 } // namespace kreg_tools

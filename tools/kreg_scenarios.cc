@@ -88,7 +88,7 @@ outcome run_case(const scenario &s, const char *thread, const column &col,
         return {"skip:jemalloc can't be preloaded under a sanitizer", ""};
     }
 #endif
-    std::vector<EnvChange> env;
+    std::vector<env_change> env;
     if (col.src != source::hooks) {
         env.push_back({"UCX_MEM_MALLOC_HOOKS", "n"});
         env.push_back({"UCX_MEM_MMAP_HOOK_MODE", "none"});
@@ -108,7 +108,7 @@ outcome run_case(const scenario &s, const char *thread, const column &col,
         env.push_back({"LD_PRELOAD", JEMALLOC_SO});
         env.push_back({"MALLOC_CONF", s.malloc_conf});
     }
-    ChildResult r = run_self("kreg_scenarios",
+    child_result r = run_self("kreg_scenarios",
                              {"--one", s.name, thread, source_name(col.src)}, env,
                              timeout_s, true);
     outcome o;

@@ -335,7 +335,7 @@ std::string s_file_shared(ctx &c) { return file_scenario(c, MAP_SHARED); }
 /* Runs fn in a forked child; its verdict, or what went wrong. */
 std::string in_child(const std::function<std::string()> &fn)
 {
-    ChildResult r = run_child([&] {
+    child_result r = run_child([&] {
         std::string res;
         try {
             res = fn();
@@ -467,7 +467,7 @@ std::string s_two_rcaches(ctx &c)
 std::string s_exit_live_threads(ctx &c)
 {
     const source src = c.rc.src();
-    ChildResult r = run_child([src] {
+    child_result r = run_child([src] {
         for (int t = 0; t < 3; ++t) {
             std::thread([src] {
                 uring_rcache rc(src);

@@ -19,16 +19,16 @@ extern "C" {
 namespace kreg {
 namespace {
 
-struct Counters {
+struct library_counters {
     std::atomic<uint64_t> watch_calls{0};
     std::atomic<uint64_t> fallbacks[KREG_REASON_LAST] = {};
     std::atomic<uint64_t> stale_hits{0};
     std::atomic<unsigned> warned{0}; /* a bit per reason */
 };
 
-Counters &counters()
+library_counters &counters()
 {
-    static Counters *const c = new Counters; /* never destroyed */
+    static library_counters *const c = new library_counters; /* never destroyed */
     return *c;
 }
 
@@ -114,7 +114,7 @@ int kreg_watch(void *addr, size_t len, kreg_watch_t *w, kreg_reason_t *reason_p)
     clear_watch(w);
     if (!page_range(addr, len, &start, &end)) {
         why = KREG_REASON_BAD_INPUT;
-    } else if (Backend *b = source_backend()) {
+    } else if (backend *b = source_backend()) {
         why = b->watch(start, end, w, &err);
     } else {
         why = source_reason();
@@ -136,7 +136,7 @@ int kreg_watch_confirm(kreg_watch_t *w, kreg_reason_t *reason_p)
 {
     kreg_reason_t why = KREG_REASON_CHANGED;
     if (w->generation == generation()) {
-        if (Backend *b = source_backend()) {
+        if (backend *b = source_backend()) {
             why = b->confirm(w);
         }
     }
@@ -150,7 +150,7 @@ void kreg_unwatch(kreg_watch_t *w)
 {
     if ((w->end != 0) && (w->generation == generation())) {
         ucs_trace("kreg: unwatch 0x%lx..0x%lx slot %u", w->start, w->end, w->slot);
-        if (Backend *b = source_backend()) {
+        if (backend *b = source_backend()) {
             b->unwatch(w);
         }
     }
@@ -160,7 +160,7 @@ void kreg_unwatch(kreg_watch_t *w)
 int kreg_prepare_lookup(void *addr, size_t len)
 {
     uintptr_t start, end;
-    Backend *b = source_backend();
+    backend *b = source_backend();
     if ((b == nullptr) || !page_range(addr, len, &start, &end)) {
         return 0;
     }
@@ -209,7 +209,7 @@ ucs_status_t kreg_rcache_get(struct ucs_rcache *rcache, void *addr, size_t len,
     /* bounded: memory that changes under every registration is not
      * cacheable (kreg_register_watched gives up on it as well) */
     for (int stale = 0; stale < 8; ++stale) {
-        Backend *b = source_backend();
+        backend *b = source_backend();
         if ((b != nullptr) && b->checks_at_lookup()) {
             kreg_prepare_lookup(addr, len);
         }
@@ -238,7 +238,7 @@ ucs_status_t kreg_rcache_get(struct ucs_rcache *rcache, void *addr, size_t len,
 
 void kreg_sync(void)
 {
-    if (Backend *b = source_backend()) {
+    if (backend *b = source_backend()) {
         b->sync();
     }
 }

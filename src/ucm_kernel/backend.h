@@ -18,19 +18,19 @@ namespace kreg {
 /* Watch budget left to the backend's own limit (options: MAX_RANGES=auto). */
 constexpr unsigned long kAutoMaxRanges = static_cast<unsigned long>(-2);
 
-struct StartError {
+struct start_error {
     kreg_reason_t reason = KREG_REASON_OTHER;
     std::string   text;
 };
 
-class Backend {
+class backend {
 public:
-    virtual ~Backend() = default;
+    virtual ~backend() = default;
 
     virtual kreg_backend_t kind() const = 0;
     /* Opens the kernel side and starts the threads. On failure nothing is
      * left open. */
-    virtual bool start(const kreg_options_t &opts, StartError *err) = 0;
+    virtual bool start(const kreg_options_t &opts, start_error *err) = 0;
     /* The kernel side is closed (every watch dropped, every thread blocked
      * in munmap woken), the threads are joined, every watched range is
      * reported as unmapped. */
@@ -66,14 +66,14 @@ public:
     virtual void add_stats(kreg_stats_t *stats) const = 0;
 
 protected:
-    explicit Backend(bool checks_at_lookup) : checks_at_lookup_(checks_at_lookup) {}
+    explicit backend(bool checks_at_lookup) : checks_at_lookup_(checks_at_lookup) {}
 
 private:
     const bool checks_at_lookup_;
 };
 
-Backend &uffd_backend();
-Backend &notifier_backend();
+backend &uffd_backend_instance();
+backend &notifier_backend_instance();
 
 /* The word every watch that has no counter of its own points at; it moves
  * when the source stops or the process forks, so such watches go stale. */

@@ -54,18 +54,18 @@ bool seq_before(uint32_t a, uint32_t b)
 
 } // namespace
 
-Monitor::Monitor(const Uffd &uffd, size_t queue_size, Gone gone, void *gone_ctx) :
+monitor::monitor(const uffd &uffd, size_t queue_size, gone_fn gone, void *gone_ctx) :
     uffd_(uffd), gone_(gone), gone_ctx_(gone_ctx), ring_(std::max<size_t>(queue_size, 16))
 {
 }
 
-Monitor::~Monitor()
+monitor::~monitor()
 {
     stop_reader();
     stop_dispatcher();
 }
 
-bool Monitor::start(std::string *error)
+bool monitor::start(std::string *error)
 {
     wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_fd_ < 0) {
@@ -98,7 +98,7 @@ bool Monitor::start(std::string *error)
     return true;
 }
 
-void Monitor::stop_reader()
+void monitor::stop_reader()
 {
     stopping_ = true;
     if (reader_running_) {
@@ -109,7 +109,7 @@ void Monitor::stop_reader()
     }
 }
 
-void Monitor::stop_dispatcher()
+void monitor::stop_dispatcher()
 {
     stopping_ = true;
     if (dispatcher_running_) {
@@ -123,7 +123,7 @@ void Monitor::stop_dispatcher()
     }
 }
 
-void Monitor::forget_after_fork()
+void monitor::forget_after_fork()
 {
     /* The threads and their locks belong to the parent; the child only
      * closes its copy of the eventfd. */
@@ -134,25 +134,25 @@ void Monitor::forget_after_fork()
     }
 }
 
-void *Monitor::reader_main(void *arg)
+void *monitor::reader_main(void *arg)
 {
-    static_cast<Monitor *>(arg)->read_loop();
+    static_cast<monitor *>(arg)->read_loop();
     return nullptr;
 }
 
-void *Monitor::dispatcher_main(void *arg)
+void *monitor::dispatcher_main(void *arg)
 {
-    static_cast<Monitor *>(arg)->dispatch_loop();
+    static_cast<monitor *>(arg)->dispatch_loop();
     return nullptr;
 }
 
-void Monitor::wake_dispatcher()
+void monitor::wake_dispatcher()
 {
     wake_dispatcher_.fetch_add(1);
     wake_dispatcher_.notify_all();
 }
 
-bool Monitor::uffd_has_events() const
+bool monitor::uffd_has_events() const
 {
     struct pollfd pfd = {uffd_.fd(), POLLIN, 0};
     int n;
@@ -162,14 +162,14 @@ bool Monitor::uffd_has_events() const
     return n > 0 && (pfd.revents & POLLIN);
 }
 
-void Monitor::push(uintptr_t start, uintptr_t end, uint32_t count, bool gone)
+void monitor::push(uintptr_t start, uintptr_t end, uint32_t count, bool gone)
 {
     std::lock_guard<std::mutex> guard(q_lock_);
     if ((used_ == 0) && (overflow_.count == 0)) {
         batch_read_ns_ = now_ns();
     }
     if (used_ < ring_.size()) {
-        ring_[(head_ + used_) % ring_.size()] = Entry{start, end, count, gone};
+        ring_[(head_ + used_) % ring_.size()] = queue_entry{start, end, count, gone};
         ++used_;
         return;
     }
@@ -186,7 +186,7 @@ void Monitor::push(uintptr_t start, uintptr_t end, uint32_t count, bool gone)
     coalesced_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void Monitor::handle_msgs(const void *buf, size_t n)
+void monitor::handle_msgs(const void *buf, size_t n)
 {
     const auto *msgs = static_cast<const struct uffd_msg *>(buf);
     for (size_t i = 0; i < n; ++i) {
@@ -227,7 +227,7 @@ void Monitor::handle_msgs(const void *buf, size_t n)
     read_seq_.fetch_add(static_cast<uint32_t>(n));
 }
 
-void Monitor::read_loop()
+void monitor::read_loop()
 {
     struct uffd_msg msgs[64];
     struct pollfd pfd[2] = {{uffd_.fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -284,9 +284,9 @@ void Monitor::read_loop()
     }
 }
 
-void Monitor::dispatch_loop()
+void monitor::dispatch_loop()
 {
-    std::vector<Entry> batch;
+    std::vector<queue_entry> batch;
     batch.reserve(ring_.size() + 1);
     uint32_t seen = 0;
 
@@ -306,13 +306,13 @@ void Monitor::dispatch_loop()
             }
             if (overflow_.count > 0) {
                 batch.push_back(overflow_);
-                overflow_ = Entry{0, 0, 0, false};
+                overflow_ = queue_entry{0, 0, 0, false};
             }
             read_ns = batch_read_ns_;
         }
 
         uint32_t count = 0;
-        for (const Entry &e : batch) {
+        for (const queue_entry &e : batch) {
             if (e.start != e.end) {
                 if (e.gone) {
                     gone_(gone_ctx_, e.start, e.end);
@@ -336,7 +336,7 @@ void Monitor::dispatch_loop()
     }
 }
 
-void Monitor::wait_read_events()
+void monitor::wait_read_events()
 {
     if (reading_.load()) {
         sync_waits_.fetch_add(1, std::memory_order_relaxed);
@@ -352,7 +352,7 @@ void Monitor::wait_read_events()
     }
 }
 
-void Monitor::sync()
+void monitor::sync()
 {
     /* Poll first, then the mark: an event read between the two raised the
      * mark before its read (see read_loop). */
@@ -367,14 +367,14 @@ void Monitor::sync()
     wait_read_events();
 }
 
-void Monitor::wait_read_after(uint32_t seen, unsigned timeout_us)
+void monitor::wait_read_after(uint32_t seen, unsigned timeout_us)
 {
     if (read_seq_.load() == seen) {
         futex_wait_for(read_seq_, seen, timeout_us);
     }
 }
 
-void Monitor::add_stats(kreg_stats_t *stats) const
+void monitor::add_stats(kreg_stats_t *stats) const
 {
     for (int i = 0; i < KREG_EV_LAST; ++i) {
         stats->events[i] += events_[i].load();

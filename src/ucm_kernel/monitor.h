@@ -28,15 +28,15 @@
 
 namespace kreg {
 
-class Uffd;
+class uffd;
 
-class Monitor {
+class monitor {
 public:
     /* gone: called by the dispatcher, before reporting it, for a range
      * the kernel unmapped or moved away (its registration is gone too) */
-    using Gone = void (*)(void *ctx, uintptr_t start, uintptr_t end);
-    Monitor(const Uffd &uffd, size_t queue_size, Gone gone, void *gone_ctx);
-    ~Monitor();
+    using gone_fn = void (*)(void *ctx, uintptr_t start, uintptr_t end);
+    monitor(const uffd &uffd, size_t queue_size, gone_fn gone, void *gone_ctx);
+    ~monitor();
 
     bool start(std::string *error);
     /* Stopping is in two steps with the owner's release of the descriptor
@@ -60,7 +60,7 @@ public:
     void add_stats(kreg_stats_t *stats) const;
 
 private:
-    struct Entry {
+    struct queue_entry {
         uintptr_t start, end;
         uint32_t  count; /* events merged in */
         bool      gone;  /* unmapped or moved away, not only emptied */
@@ -76,8 +76,8 @@ private:
     bool uffd_has_events() const;
     void wake_dispatcher();
 
-    const Uffd  &uffd_;
-    const Gone   gone_;
+    const uffd  &uffd_;
+    const gone_fn   gone_;
     void * const gone_ctx_;
     int          wake_fd_ = -1; /* eventfd: stop request to the reader */
 
@@ -87,9 +87,9 @@ private:
 
     /* reader <-> dispatcher only; neither does anything else under it */
     std::mutex         q_lock_;
-    std::vector<Entry> ring_;
+    std::vector<queue_entry> ring_;
     size_t             head_ = 0, used_ = 0;
-    Entry              overflow_{0, 0, 0, false};
+    queue_entry              overflow_{0, 0, 0, false};
     uint64_t           batch_read_ns_ = 0;
 
     std::atomic<uint32_t> reading_{0};

@@ -74,12 +74,12 @@ kreg_reason_t reason_of(int err)
     }
 }
 
-class NotifierBackend final : public Backend {
+class notifier_backend final : public backend {
 public:
-    NotifierBackend() : Backend(false) {}
+    notifier_backend() : backend(false) {}
     kreg_backend_t kind() const override { return KREG_BACKEND_NOTIFIER; }
 
-    bool start(const kreg_options_t &opts, StartError *err) override
+    bool start(const kreg_options_t &opts, start_error *err) override
     {
         auto fail = [&](kreg_reason_t why, const std::string &text) {
             err->reason = why;
@@ -115,7 +115,7 @@ public:
         if ((opts.max_ranges != UCS_ULUNITS_AUTO) && (opts.max_ranges < max_ranges_)) {
             max_ranges_ = opts.max_ranges;
         }
-        live_.assign(info.max_ranges, Range{0, 0});
+        live_.assign(info.max_ranges, page_range{0, 0});
         live_count_ = 0;
         retained_.clear();
         retained_order_.clear();
@@ -145,13 +145,13 @@ public:
     void stop() override
     {
         stop_reader();
-        std::vector<Range> all;
+        std::vector<page_range> all;
         {
             std::lock_guard<std::mutex> guard(lock_);
-            for (Range &r : live_) {
+            for (page_range &r : live_) {
                 if (r.second != 0) {
                     all.push_back(r);
-                    r = Range{0, 0};
+                    r = page_range{0, 0};
                 }
             }
             live_count_ = 0;
@@ -160,7 +160,7 @@ public:
             retained_seq_.clear();
             close_all(); /* the kernel removes every notifier */
         }
-        for (const Range &r : all) {
+        for (const page_range &r : all) {
             dispatch(r.first, r.second);
         }
     }
@@ -174,7 +174,7 @@ public:
         }
         uint32_t slot;
         uint64_t counter;
-        auto kept = retained_.find(Range{start, end});
+        auto kept = retained_.find(page_range{start, end});
         if (kept != retained_.end()) {
             /* its notifier has watched the range all along: changes from
              * now on move the counter */
@@ -197,7 +197,7 @@ public:
             }
             slot    = reg.slot;
             counter = reg.counter;
-            live_[slot] = Range{start, end};
+            live_[slot] = page_range{start, end};
             ++live_count_;
         }
         w->start      = start;
@@ -232,8 +232,8 @@ public:
         if ((fd_ < 0) || (w->slot >= live_.size())) {
             return;
         }
-        retained_.emplace(Range{w->start, w->end}, w->slot);
-        retained_order_.push_back(Slot{w->slot, ++retain_seq_});
+        retained_.emplace(page_range{w->start, w->end}, w->slot);
+        retained_order_.push_back(retained_slot{w->slot, ++retain_seq_});
         retained_seq_[w->slot] = retain_seq_;
         while ((retained_.size() > kMaxRetained) && evict_oldest_retained()) {
         }
@@ -277,7 +277,7 @@ public:
             wake_fd_ = -1;
         }
         reader_running_ = false;
-        live_.assign(live_.size(), Range{0, 0});
+        live_.assign(live_.size(), page_range{0, 0});
         live_count_ = 0;
         retained_.clear();
         retained_order_.clear();
@@ -296,18 +296,18 @@ public:
         std::lock_guard<std::mutex> guard(lock_);
         if (fd_ >= 0) {
             stats->watched_ranges += live_count_;
-            for (const Range &r : live_) {
+            for (const page_range &r : live_) {
                 stats->watched_bytes += r.second - r.first;
             }
         }
     }
 
 private:
-    using Range = std::pair<uintptr_t, uintptr_t>;
+    using page_range = std::pair<uintptr_t, uintptr_t>;
 
     static void *reader_main(void *arg)
     {
-        static_cast<NotifierBackend *>(arg)->read_loop();
+        static_cast<notifier_backend *>(arg)->read_loop();
         return nullptr;
     }
 
@@ -347,12 +347,12 @@ private:
     bool evict_oldest_retained()
     {
         while (!retained_order_.empty()) {
-            const Slot s = retained_order_.front();
+            const retained_slot s = retained_order_.front();
             retained_order_.pop_front();
             if (retained_seq_[s.slot] != s.seq) {
                 continue; /* watched again since, or evicted */
             }
-            const Range r = live_[s.slot];
+            const page_range r = live_[s.slot];
             auto range    = retained_.equal_range(r);
             for (auto it = range.first; it != range.second; ++it) {
                 if (it->second == s.slot) {
@@ -367,7 +367,7 @@ private:
                 ucs_warn("kreg: unregistering slot %u (0x%lx..0x%lx) failed: %m",
                          s.slot, r.first, r.second);
             }
-            live_[s.slot] = Range{0, 0};
+            live_[s.slot] = page_range{0, 0};
             --live_count_;
             return true;
         }
@@ -411,16 +411,16 @@ private:
     pthread_t                reader_{};
     bool                     reader_running_ = false;
 
-    struct Slot {
+    struct retained_slot {
         uint32_t slot;
         uint64_t seq; /* which retention of the slot this entry is */
     };
 
     mutable std::mutex       lock_; /* everything below, fd_ for ioctls */
-    std::vector<Range>       live_; /* slot -> range, retained ones too */
+    std::vector<page_range>       live_; /* slot -> range, retained ones too */
     unsigned long            live_count_ = 0;
-    std::multimap<Range, uint32_t> retained_; /* unwatched, notifier kept */
-    std::deque<Slot>         retained_order_;
+    std::multimap<page_range, uint32_t> retained_; /* unwatched, notifier kept */
+    std::deque<retained_slot>         retained_order_;
     std::map<uint32_t, uint64_t> retained_seq_; /* slot -> its retention */
     uint64_t                 retain_seq_ = 0;
 
@@ -430,9 +430,9 @@ private:
 
 } // namespace
 
-Backend &notifier_backend()
+backend &notifier_backend_instance()
 {
-    static Backend *const b = new NotifierBackend; /* never destroyed */
+    static backend *const b = new notifier_backend; /* never destroyed */
     return *b;
 }
 

@@ -30,7 +30,7 @@
 namespace kreg {
 namespace {
 
-struct State {
+struct source_state {
     std::mutex               life_lock; /* start, stop, fork, restart */
     unsigned                 refs = 0;
     kreg_options_t           opts{};
@@ -39,7 +39,7 @@ struct State {
     bool                     atfork_installed = false;
     const char               *why_backend = "";
     /* read by lookups without the lock */
-    std::atomic<Backend *>   running{nullptr};
+    std::atomic<backend *>   running{nullptr};
     std::atomic<int>         mode{KREG_MODE_VERIFY};
     std::atomic<int>         reason{KREG_REASON_NOT_STARTED};
     std::atomic<bool>        forked_child{false};
@@ -49,9 +49,9 @@ struct State {
 /* Made when the library loads (before anything can call in: libraries that
  * use us are initialised after us) and never destroyed, see above. Not a
  * function-local static: a hit must not pay for its guard. */
-State *const g_state = new State;
+source_state *const g_state = new source_state;
 
-inline State &state()
+inline source_state &state()
 {
     return *g_state;
 }
@@ -67,27 +67,27 @@ void bump_generation()
 
 /* Starts the backend the options ask for (auto: the notifier where its
  * device is, else userfaultfd); life_lock held. */
-bool open_backend(State &s, StartError *err)
+bool open_backend(source_state &s, start_error *err)
 {
-    struct Candidate {
-        Backend    *backend;
+    struct candidate {
+        backend    *instance;
         const char *why;
     } tries[2];
     int n = 0;
 
     switch (s.opts.backend) {
     case KREG_BACKEND_CHOICE_UFFD:
-        tries[n++] = {&uffd_backend(), "UCX_KREG_BACKEND=uffd"};
+        tries[n++] = {&uffd_backend_instance(), "UCX_KREG_BACKEND=uffd"};
         break;
     case KREG_BACKEND_CHOICE_NOTIFIER:
-        tries[n++] = {&notifier_backend(), "UCX_KREG_BACKEND=notifier"};
+        tries[n++] = {&notifier_backend_instance(), "UCX_KREG_BACKEND=notifier"};
         break;
     default:
         if (access(KREG_NF_DEVICE, F_OK) == 0) {
-            tries[n++] = {&notifier_backend(), KREG_NF_DEVICE " is present"};
-            tries[n++] = {&uffd_backend(), "the notifier device failed to start"};
+            tries[n++] = {&notifier_backend_instance(), KREG_NF_DEVICE " is present"};
+            tries[n++] = {&uffd_backend_instance(), "the notifier device failed to start"};
         } else {
-            tries[n++] = {&uffd_backend(),
+            tries[n++] = {&uffd_backend_instance(),
                           "no " KREG_NF_DEVICE ": the kreg_notifier module is "
                           "not loaded"};
         }
@@ -95,7 +95,7 @@ bool open_backend(State &s, StartError *err)
     }
 
     for (int i = 0; i < n; ++i) {
-        Backend *b = tries[i].backend;
+        backend *b = tries[i].instance;
         if (!b->start(s.opts, err)) {
             if (i + 1 < n) {
                 ucs_diag("kreg: the %s backend cannot start: %s",
@@ -128,9 +128,9 @@ std::string kreg_env_settings()
 }
 
 /* Stops the running backend; life_lock held. */
-void close_backend(State &s)
+void close_backend(source_state &s)
 {
-    Backend *b = s.running.exchange(nullptr);
+    backend *b = s.running.exchange(nullptr);
     if (b != nullptr) {
         b->stop();
         bump_generation();
@@ -139,9 +139,9 @@ void close_backend(State &s)
 
 void atfork_prepare()
 {
-    State &s = state();
+    source_state &s = state();
     s.life_lock.lock();
-    if (Backend *b = s.running.load()) {
+    if (backend *b = s.running.load()) {
         b->lock_for_fork();
     }
     dispatch_hold();
@@ -149,9 +149,9 @@ void atfork_prepare()
 
 void atfork_parent()
 {
-    State &s = state();
+    source_state &s = state();
     dispatch_release();
-    if (Backend *b = s.running.load()) {
+    if (backend *b = s.running.load()) {
         b->unlock_after_fork();
     }
     s.life_lock.unlock();
@@ -159,9 +159,9 @@ void atfork_parent()
 
 void atfork_child()
 {
-    State &s = state();
+    source_state &s = state();
     dispatch_reset_after_fork();
-    if (Backend *b = s.running.exchange(nullptr)) {
+    if (backend *b = s.running.exchange(nullptr)) {
         /* The child has no monitor threads, and its descriptor speaks for
          * the parent's memory: forget both; the first call restarts. */
         b->unlock_after_fork();
@@ -177,12 +177,12 @@ void atfork_child()
  * if the parent's was running. */
 void restart_in_child()
 {
-    State &s = state();
+    source_state &s = state();
     std::lock_guard<std::mutex> guard(s.life_lock);
     if (!s.forked_child.load()) {
         return; /* another thread restarted it meanwhile */
     }
-    StartError err;
+    start_error err;
     if ((s.refs > 0) && !open_backend(s, &err)) {
         s.reason = KREG_REASON_FORKED;
         ucs_warn("kreg: cannot restart in the forked child: %s; every "
@@ -223,13 +223,13 @@ uint32_t generation()
 ucs_status_t source_start()
 {
     check_fork();
-    State &s = state();
+    source_state &s = state();
     std::lock_guard<std::mutex> guard(s.life_lock);
     if (s.refs++ > 0) {
         return s.running.load() ? UCS_OK : UCS_ERR_UNSUPPORTED;
     }
 
-    StartError err;
+    start_error err;
     ucs_status_t status = UCS_ERR_UNSUPPORTED;
     if (kreg_options_read(&s.opts) != UCS_OK) {
         err.reason = KREG_REASON_BAD_CONFIG;
@@ -271,7 +271,7 @@ ucs_status_t source_start()
 void source_stop()
 {
     check_fork();
-    State &s = state();
+    source_state &s = state();
     std::lock_guard<std::mutex> guard(s.life_lock);
     if (s.refs == 0) {
         ucs_warn("kreg: kreg_stop() without kreg_start()");
@@ -292,10 +292,10 @@ void source_stop()
     s.reason = KREG_REASON_NOT_STARTED;
 }
 
-Backend *source_backend()
+backend *source_backend()
 {
     check_fork();
-    State &s = state();
+    source_state &s = state();
     if (__builtin_expect(s.exiting.load(std::memory_order_relaxed), 0)) {
         return nullptr;
     }
@@ -321,10 +321,10 @@ kreg_reason_t source_reason()
 void source_query(kreg_caps_t *caps)
 {
     check_fork();
-    State &s = state();
+    source_state &s = state();
     std::lock_guard<std::mutex> guard(s.life_lock);
     *caps                = kreg_caps_t{};
-    Backend *b           = s.running.load();
+    backend *b           = s.running.load();
     caps->running        = b != nullptr;
     caps->backend        = b ? b->kind() : KREG_BACKEND_NONE;
     caps->mode           = static_cast<kreg_mode_t>(s.mode.load());
@@ -338,9 +338,9 @@ void source_query(kreg_caps_t *caps)
 
 void source_add_stats(kreg_stats_t *stats)
 {
-    State &s = state();
+    source_state &s = state();
     std::lock_guard<std::mutex> guard(s.life_lock);
-    for (Backend *b : {&uffd_backend(), &notifier_backend()}) {
+    for (backend *b : {&uffd_backend_instance(), &notifier_backend_instance()}) {
         b->add_stats(stats);
     }
 }

@@ -12,7 +12,7 @@ void source_stop();
 
 /* The running backend, or nullptr. In a forked child the first call
  * restarts the source (the child's own descriptor and threads). */
-Backend *source_backend();
+backend *source_backend();
 kreg_mode_t source_mode();
 /* The process is exiting: our destructor ran, UCX's run next. Nothing
  * may log or dispatch any more. */

@@ -65,7 +65,7 @@ size_t page_size()
 
 } // namespace
 
-kreg_reason_t Uffd::reason_of(int err)
+kreg_reason_t uffd::reason_of(int err)
 {
     switch (err) {
     case ENOSYS: return KREG_REASON_ENOSYS;
@@ -78,7 +78,7 @@ kreg_reason_t Uffd::reason_of(int err)
     }
 }
 
-int Uffd::open_fd(int flags, bool *via_device)
+int uffd::open_fd(int flags, bool *via_device)
 {
     *via_device = false;
     int fd = static_cast<int>(syscall(SYS_userfaultfd, flags));
@@ -107,7 +107,7 @@ int Uffd::open_fd(int flags, bool *via_device)
     return -1;
 }
 
-bool Uffd::open(const UffdOptions &opts)
+bool uffd::open(const uffd_options &opts)
 {
     close();
     try_device_ = opts.try_device;
@@ -184,7 +184,7 @@ bool Uffd::open(const UffdOptions &opts)
     return true;
 }
 
-void Uffd::release_kernel_side()
+void uffd::release_kernel_side()
 {
     if (fd_ < 0) {
         return;
@@ -200,7 +200,7 @@ void Uffd::release_kernel_side()
     }
 }
 
-void Uffd::close()
+void uffd::close()
 {
     int fd = forget();
     if (fd >= 0) {
@@ -208,7 +208,7 @@ void Uffd::close()
     }
 }
 
-int Uffd::forget()
+int uffd::forget()
 {
     /* the pagemap descriptor speaks for the process that opened it */
     if (pagemap_fd_ >= 0) {
@@ -221,17 +221,17 @@ int Uffd::forget()
     return fd;
 }
 
-bool Uffd::wp_async() const
+bool uffd::wp_async() const
 {
     return (features_ & UFFD_FEATURE_WP_ASYNC) != 0;
 }
 
-bool Uffd::event_remap() const
+bool uffd::event_remap() const
 {
     return (features_ & UFFD_FEATURE_EVENT_REMAP) != 0;
 }
 
-int Uffd::watch(uintptr_t start, size_t len) const
+int uffd::watch(uintptr_t start, size_t len) const
 {
     struct uffdio_register reg = {};
     reg.range.start = start;
@@ -242,13 +242,13 @@ int Uffd::watch(uintptr_t start, size_t len) const
     return ioctl(fd_, UFFDIO_REGISTER, &reg) == 0 ? 0 : errno;
 }
 
-int Uffd::unwatch(uintptr_t start, size_t len) const
+int uffd::unwatch(uintptr_t start, size_t len) const
 {
     struct uffdio_range range = {start, len};
     return ioctl(fd_, UFFDIO_UNREGISTER, &range) == 0 ? 0 : errno;
 }
 
-bool Uffd::event_in_flight() const
+bool uffd::event_in_flight() const
 {
     /* The kernel raises the descriptor's mmap_changing under the mm lock
      * before an unmap, remap or remove, and lowers it once our reader has
@@ -260,7 +260,7 @@ bool Uffd::event_in_flight() const
     return (ioctl(fd_, UFFDIO_COPY, &copy) < 0) && (errno == EAGAIN);
 }
 
-Check Uffd::wp_check(uintptr_t start, size_t len) const
+check_result uffd::wp_check(uintptr_t start, size_t len) const
 {
     /* Removing write protection that was never set changes nothing, and
      * the kernel refuses it with ENOENT unless the range lies in mappings
@@ -271,12 +271,12 @@ Check Uffd::wp_check(uintptr_t start, size_t len) const
     wp.range.len   = len;
     wp.mode        = UFFDIO_WRITEPROTECT_MODE_DONTWAKE;
     if (ioctl(fd_, UFFDIO_WRITEPROTECT, &wp) == 0) {
-        return Check::watched;
+        return check_result::watched;
     }
-    return (errno == EAGAIN) ? Check::in_flight : Check::changed;
+    return (errno == EAGAIN) ? check_result::in_flight : check_result::changed;
 }
 
-int Uffd::scan_check(uintptr_t start, size_t len) const
+int uffd::scan_check(uintptr_t start, size_t len) const
 {
     /* Asks for pages that are NOT in a mapping watched with WP_ASYNC:
      * watched mappings are skipped whole, without a page walk, and any
@@ -302,17 +302,17 @@ int Uffd::scan_check(uintptr_t start, size_t len) const
     return ((rc > 0) || (errno == EPERM)) ? 0 : -1;
 }
 
-Check Uffd::check(uintptr_t start, size_t len) const
+check_result uffd::check(uintptr_t start, size_t len) const
 {
     if (scan_ok_ && scan_works_) {
         int watched = scan_check(start, len);
         if (watched >= 0) {
-            return watched ? Check::watched : Check::changed;
+            return watched ? check_result::watched : check_result::changed;
         }
         scan_works_ = false; /* not this kernel: the write-protect check */
     }
-    Check c = wp_check(start, len);
-    if (c != Check::changed) {
+    check_result c = wp_check(start, len);
+    if (c != check_result::changed) {
         return c;
     }
     /* Before Linux 6.3 the check needs the range to lie in one mapping: a
@@ -324,10 +324,10 @@ Check Uffd::check(uintptr_t start, size_t len) const
     }
     size_t half = (len / 2 + page_size() - 1) & ~(page_size() - 1);
     c = check(start, half);
-    return (c == Check::watched) ? check(start + half, len - half) : c;
+    return (c == check_result::watched) ? check(start + half, len - half) : c;
 }
 
-bool Uffd::has_page_cache_pages(uintptr_t start, size_t len) const
+bool uffd::has_page_cache_pages(uintptr_t start, size_t len) const
 {
     if (pagemap_fd_ < 0) {
         return false;

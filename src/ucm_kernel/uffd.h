@@ -12,29 +12,29 @@
 
 namespace kreg {
 
-struct UffdOptions {
+struct uffd_options {
     bool try_device;   /* /dev/userfaultfd when the syscall is refused */
     bool try_wp_async;
 };
 
 /* What the kernel says of a range at a lookup. */
-enum class Check {
+enum class check_result {
     watched,   /* every page lies in a mapping this descriptor watches    */
     changed,   /* some page does not: a new mapping, or none              */
     in_flight  /* an unmap, remap or remove event of this descriptor is on
                   its way: ask again once it has been read                 */
 };
 
-class Uffd {
+class uffd {
 public:
-    Uffd() = default;
-    ~Uffd() { close(); }
-    Uffd(const Uffd &) = delete;
-    Uffd &operator=(const Uffd &) = delete;
+    uffd() = default;
+    ~uffd() { close(); }
+    uffd(const uffd &) = delete;
+    uffd &operator=(const uffd &) = delete;
 
     /* Opens and negotiates features. On failure returns false and sets
      * reason() and error(). */
-    bool open(const UffdOptions &opts);
+    bool open(const uffd_options &opts);
     /* Drops the kernel side (every watch; threads blocked in munmap are
      * woken) but keeps the descriptor number reserved (pointing at
      * /dev/null), so that a thread still about to use it can never reach
@@ -47,7 +47,7 @@ public:
 
     /* UFFDIO_REGISTER in write-protect mode. Returns 0 or an errno. On
      * failure nothing stays registered that was not registered before,
-     * except where `keep` says a part was (see UffdBackend). */
+     * except where `keep` says a part was (see uffd_backend). */
     int watch(uintptr_t start, size_t len) const;
     /* UFFDIO_UNREGISTER. Returns 0 or an errno. */
     int unwatch(uintptr_t start, size_t len) const;
@@ -60,7 +60,7 @@ public:
      * descriptor watches. PAGEMAP_SCAN per mapping where the kernel has it
      * (6.7+, WP_ASYNC), else UFFDIO_WRITEPROTECT, which walks the pages
      * and also reports in_flight. */
-    Check check(uintptr_t start, size_t len) const;
+    check_result check(uintptr_t start, size_t len) const;
     /* Whether any present page of the range is a page-cache page (file or
      * shared memory), by /proc/self/pagemap. */
     bool has_page_cache_pages(uintptr_t start, size_t len) const;
@@ -79,7 +79,7 @@ public:
 
 private:
     int open_fd(int flags, bool *via_device);
-    Check wp_check(uintptr_t start, size_t len) const;
+    check_result wp_check(uintptr_t start, size_t len) const;
     /* 1 watched, 0 not, -1 the kernel has no PAGEMAP_SCAN */
     int scan_check(uintptr_t start, size_t len) const;
 

@@ -6,7 +6,7 @@
  * In verify mode that check is
  *  1. wait while an event is in flight (the cross-thread window: another
  *     thread's munmap has changed the range but its event is not queued
- *     yet; the kernel shows it through mmap_changing, Uffd::event_in_flight),
+ *     yet; the kernel shows it through mmap_changing, uffd::event_in_flight),
  *  2. wait until every event read is dispatched, so what the kernel told us
  *     is applied,
  *  3. ask whether the range still lies in watched mappings (a mapping put
@@ -34,7 +34,7 @@
 namespace kreg {
 namespace {
 
-/* Unwatched ranges kept registered (see RetainedRanges): enough for the
+/* Unwatched ranges kept registered (see retained_ranges): enough for the
  * buffers a busy cache drops and takes again, few mappings each. */
 constexpr size_t kMaxRetained = 256;
 
@@ -57,14 +57,14 @@ unsigned long read_max_map_count()
     return n;
 }
 
-class UffdBackend final : public Backend {
+class uffd_backend final : public backend {
 public:
-    UffdBackend() : Backend(true) {}
+    uffd_backend() : backend(true) {}
     kreg_backend_t kind() const override { return KREG_BACKEND_UFFD; }
 
-    bool start(const kreg_options_t &opts, StartError *err) override
+    bool start(const kreg_options_t &opts, start_error *err) override
     {
-        UffdOptions uo;
+        uffd_options uo;
         uo.try_device   = opts.device != 0;
         uo.try_wp_async = opts.wp_async != 0;
         if (!uffd_.open(uo)) {
@@ -72,7 +72,7 @@ public:
             err->text   = uffd_.error();
             return false;
         }
-        auto mon = std::make_unique<Monitor>(uffd_, opts.queue_size, on_gone, this);
+        auto mon = std::make_unique<monitor>(uffd_, opts.queue_size, on_gone, this);
         if (!mon->start(&err->text)) {
             uffd_.close();
             err->reason = KREG_REASON_OTHER;
@@ -112,14 +112,14 @@ public:
         monitor_.reset();
         uffd_.close();
         /* no rcache may keep an entry that nothing watches any more */
-        Ranges all;
+        page_ranges all;
         {
             std::lock_guard<std::mutex> guard(map_lock_);
             all = watches_.ranges();
             watches_.clear();
             retained_.clear();
         }
-        for (const Range &r : all) {
+        for (const page_range &r : all) {
             dispatch(r.first, r.second);
         }
     }
@@ -163,7 +163,7 @@ public:
              * range changes no mapping. */
             *err = register_range(&start, &end);
             if (*err != 0) {
-                return Uffd::reason_of(*err);
+                return uffd::reason_of(*err);
             }
             retained_.drop(start, end);
             checked = false;
@@ -195,13 +195,13 @@ public:
         if (!running_) {
             return;
         }
-        Ranges gone;
-        for (const Range &r : watches_.remove(w->start, w->end, &gone)) {
+        page_ranges gone;
+        for (const page_range &r : watches_.remove(w->start, w->end, &gone)) {
             retained_.add(r.first, r.second, w->slot & kSlotChecked);
         }
         /* unmapped since: nothing left to keep (and should a mapping there
          * be registered after all, it goes) */
-        for (const Range &r : gone) {
+        for (const page_range &r : gone) {
             (void)uffd_.unwatch(r.first, r.second - r.first);
         }
         while ((retained_.size() > kMaxRetained) && evict_oldest_retained()) {
@@ -217,16 +217,16 @@ public:
         wait_no_event_in_flight();
         monitor_->wait_read_events();
         verify_calls_.fetch_add(1, std::memory_order_relaxed);
-        Check c;
+        check_result c;
         for (;;) {
             const uint32_t seen = monitor_->read_seq();
-            if ((c = uffd_.check(start, end - start)) != Check::in_flight) {
+            if ((c = uffd_.check(start, end - start)) != check_result::in_flight) {
                 break;
             }
             wait_for_reader(seen);
             monitor_->wait_read_events();
         }
-        if (c == Check::watched) {
+        if (c == check_result::watched) {
             return 1;
         }
         {
@@ -327,7 +327,7 @@ private:
          * then: Linux 6.1's UFFDIO_UNREGISTER drops a range another
          * userfaultfd registered (EBUSY) as readily as ours. */
         if (rc == ENOMEM) {
-            for (const Range &r : watches_.gaps(*start, *end)) {
+            for (const page_range &r : watches_.gaps(*start, *end)) {
                 (void)uffd_.unwatch(r.first, r.second - r.first);
                 retained_.drop(r.first, r.second);
             }
@@ -339,7 +339,7 @@ private:
      * map_lock_ held. */
     bool evict_oldest_retained()
     {
-        Range r;
+        page_range r;
         if (!retained_.pop_oldest(&r)) {
             return false;
         }
@@ -352,7 +352,7 @@ private:
      * which dropped its registration too. */
     static void on_gone(void *ctx, uintptr_t start, uintptr_t end)
     {
-        auto *self = static_cast<UffdBackend *>(ctx);
+        auto *self = static_cast<uffd_backend *>(ctx);
         std::lock_guard<std::mutex> guard(self->map_lock_);
         self->retained_.drop(start, end);
         self->watches_.mark_gone(start, end);
@@ -378,8 +378,8 @@ private:
         monitor_->wait_read_after(seen, 50);
     }
 
-    Uffd                     uffd_;
-    std::unique_ptr<Monitor> monitor_;
+    uffd                     uffd_;
+    std::unique_ptr<monitor> monitor_;
     kreg_mode_t              mode_   = KREG_MODE_VERIFY;
     kreg_shared_policy_t     shared_ = KREG_SHARED_UNCACHED;
     unsigned long            max_ranges_ = 0;
@@ -387,8 +387,8 @@ private:
 
     /* never held across anything that can wait for the monitor */
     mutable std::mutex       map_lock_;
-    WatchMap                 watches_;
-    RetainedRanges           retained_;
+    watch_map                 watches_;
+    retained_ranges           retained_;
     bool                     running_ = false;
 
     std::atomic<uint64_t>    verify_calls_{0}, verify_invalidations_{0};
@@ -397,9 +397,9 @@ private:
 
 } // namespace
 
-Backend &uffd_backend()
+backend &uffd_backend_instance()
 {
-    static Backend *const b = new UffdBackend; /* never destroyed: exit with
+    static backend *const b = new uffd_backend; /* never destroyed: exit with
                                                    live threads */
     return *b;
 }

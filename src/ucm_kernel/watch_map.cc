@@ -5,7 +5,7 @@
 
 namespace kreg {
 
-void WatchMap::split_at(uintptr_t addr)
+void watch_map::split_at(uintptr_t addr)
 {
     auto it = segs_.upper_bound(addr);
     if (it == segs_.begin()) {
@@ -13,13 +13,13 @@ void WatchMap::split_at(uintptr_t addr)
     }
     --it;
     if (it->first < addr && addr < it->second.end) {
-        Seg tail{it->second.end, it->second.count, it->second.gone};
+        segment tail{it->second.end, it->second.count, it->second.gone};
         it->second.end = addr;
         segs_.emplace(addr, tail);
     }
 }
 
-void WatchMap::add(uintptr_t start, uintptr_t end)
+void watch_map::add(uintptr_t start, uintptr_t end)
 {
     if (start >= end) {
         return;
@@ -38,15 +38,15 @@ void WatchMap::add(uintptr_t start, uintptr_t end)
             /* a gap up to the next segment or the end */
             uintptr_t gap_end = (it != segs_.end() && it->first < end) ?
                                 it->first : end;
-            segs_.emplace_hint(it, pos, Seg{gap_end, 1, false});
+            segs_.emplace_hint(it, pos, segment{gap_end, 1, false});
             pos = gap_end;
         }
     }
 }
 
-Ranges WatchMap::remove(uintptr_t start, uintptr_t end, Ranges *gone)
+page_ranges watch_map::remove(uintptr_t start, uintptr_t end, page_ranges *gone)
 {
-    Ranges freed;
+    page_ranges freed;
     if (start >= end) {
         return freed;
     }
@@ -55,7 +55,7 @@ Ranges WatchMap::remove(uintptr_t start, uintptr_t end, Ranges *gone)
     for (auto it = segs_.lower_bound(start);
          it != segs_.end() && it->first < end;) {
         if (--it->second.count == 0) {
-            Ranges &out = (it->second.gone && gone) ? *gone : freed;
+            page_ranges &out = (it->second.gone && gone) ? *gone : freed;
             if (!out.empty() && out.back().second == it->first) {
                 out.back().second = it->second.end;
             } else {
@@ -69,7 +69,7 @@ Ranges WatchMap::remove(uintptr_t start, uintptr_t end, Ranges *gone)
     return freed;
 }
 
-void WatchMap::mark_gone(uintptr_t start, uintptr_t end)
+void watch_map::mark_gone(uintptr_t start, uintptr_t end)
 {
     if (start >= end) {
         return;
@@ -82,9 +82,9 @@ void WatchMap::mark_gone(uintptr_t start, uintptr_t end)
     }
 }
 
-Ranges WatchMap::ranges() const
+page_ranges watch_map::ranges() const
 {
-    Ranges out;
+    page_ranges out;
     for (const auto &[start, seg] : segs_) {
         if (!out.empty() && out.back().second == start) {
             out.back().second = seg.end;
@@ -95,7 +95,7 @@ Ranges WatchMap::ranges() const
     return out;
 }
 
-bool WatchMap::overlaps(uintptr_t start, uintptr_t end) const
+bool watch_map::overlaps(uintptr_t start, uintptr_t end) const
 {
     auto it = segs_.upper_bound(start);
     if (it != segs_.begin() && std::prev(it)->second.end > start) {
@@ -104,9 +104,9 @@ bool WatchMap::overlaps(uintptr_t start, uintptr_t end) const
     return (it != segs_.end()) && (it->first < end);
 }
 
-Ranges WatchMap::gaps(uintptr_t start, uintptr_t end) const
+page_ranges watch_map::gaps(uintptr_t start, uintptr_t end) const
 {
-    Ranges out;
+    page_ranges out;
     uintptr_t pos = start;
     auto it       = segs_.upper_bound(start);
     if (it != segs_.begin() && std::prev(it)->second.end > start) {
@@ -124,7 +124,7 @@ Ranges WatchMap::gaps(uintptr_t start, uintptr_t end) const
     return out;
 }
 
-size_t WatchMap::bytes() const
+size_t watch_map::bytes() const
 {
     size_t total = 0;
     for (const auto &[start, seg] : segs_) {
@@ -133,10 +133,10 @@ size_t WatchMap::bytes() const
     return total;
 }
 
-void RetainedRanges::add(uintptr_t start, uintptr_t end, bool checked)
+void retained_ranges::add(uintptr_t start, uintptr_t end, bool checked)
 {
     drop(start, end);
-    ranges_.emplace(start, Kept{end, checked});
+    ranges_.emplace(start, kept_range{end, checked});
     if (order_.size() - head_ > 4 * ranges_.size() + 64) {
         /* mostly stale entries: start the order afresh */
         order_.clear();
@@ -148,7 +148,7 @@ void RetainedRanges::add(uintptr_t start, uintptr_t end, bool checked)
     order_.emplace_back(start, end);
 }
 
-void RetainedRanges::drop(uintptr_t start, uintptr_t end)
+void retained_ranges::drop(uintptr_t start, uintptr_t end)
 {
     auto it = ranges_.upper_bound(start);
     if ((it != ranges_.begin()) && (std::prev(it)->second.end > start)) {
@@ -156,20 +156,20 @@ void RetainedRanges::drop(uintptr_t start, uintptr_t end)
     }
     while ((it != ranges_.end()) && (it->first < end)) {
         const uintptr_t s = it->first;
-        const Kept k      = it->second;
+        const kept_range k      = it->second;
         it                = ranges_.erase(it);
         /* keep the parts outside [start, end) */
         if (s < start) {
-            ranges_.emplace(s, Kept{start, k.checked});
+            ranges_.emplace(s, kept_range{start, k.checked});
         }
         if (k.end > end) {
-            it = ranges_.emplace(end, Kept{k.end, k.checked}).first;
+            it = ranges_.emplace(end, kept_range{k.end, k.checked}).first;
             ++it;
         }
     }
 }
 
-bool RetainedRanges::find(uintptr_t start, uintptr_t end, bool *checked) const
+bool retained_ranges::find(uintptr_t start, uintptr_t end, bool *checked) const
 {
     auto it = ranges_.find(start);
     if ((it == ranges_.end()) || (it->second.end != end)) {
@@ -179,17 +179,17 @@ bool RetainedRanges::find(uintptr_t start, uintptr_t end, bool *checked) const
     return true;
 }
 
-bool RetainedRanges::pop_oldest(Range *r)
+bool retained_ranges::pop_oldest(page_range *r)
 {
     while (head_ < order_.size()) {
-        const Range cand = order_[head_++];
+        const page_range cand = order_[head_++];
         /* what is left of it, if anything */
         auto it = ranges_.upper_bound(cand.first);
         if ((it != ranges_.begin()) && (std::prev(it)->second.end > cand.first)) {
             --it;
         }
         if ((it != ranges_.end()) && (it->first < cand.second)) {
-            *r = Range{it->first, it->second.end};
+            *r = page_range{it->first, it->second.end};
             ranges_.erase(it);
             return true;
         }
@@ -200,12 +200,12 @@ bool RetainedRanges::pop_oldest(Range *r)
         return false;
     }
     /* parts split off earlier are not in the order list */
-    *r = Range{ranges_.begin()->first, ranges_.begin()->second.end};
+    *r = page_range{ranges_.begin()->first, ranges_.begin()->second.end};
     ranges_.erase(ranges_.begin());
     return true;
 }
 
-void RetainedRanges::clear()
+void retained_ranges::clear()
 {
     ranges_.clear();
     order_.clear();

@@ -11,24 +11,24 @@
 
 namespace kreg {
 
-using Range  = std::pair<uintptr_t, uintptr_t>; /* [first, second) */
-using Ranges = std::vector<Range>;
+using page_range  = std::pair<uintptr_t, uintptr_t>; /* [first, second) */
+using page_ranges = std::vector<page_range>;
 
-class WatchMap {
+class watch_map {
 public:
     /* Adds one watcher over [start, end), freshly registered. */
     void add(uintptr_t start, uintptr_t end);
     /* Removes one watcher over [start, end) where there is one; returns
      * the ranges nobody watches any more. Those the kernel unmapped since
      * their registration (mark_gone) go to *gone, if given. */
-    Ranges remove(uintptr_t start, uintptr_t end, Ranges *gone = nullptr);
+    page_ranges remove(uintptr_t start, uintptr_t end, page_ranges *gone = nullptr);
     /* The kernel unmapped [start, end): watched parts of it are no longer
      * registered, whatever their watchers still think. */
     void mark_gone(uintptr_t start, uintptr_t end);
     /* Every watched range, adjacent ones merged. */
-    Ranges ranges() const;
+    page_ranges ranges() const;
     /* The parts of [start, end) no watcher covers. */
-    Ranges gaps(uintptr_t start, uintptr_t end) const;
+    page_ranges gaps(uintptr_t start, uintptr_t end) const;
     /* true if any watcher covers part of [start, end) */
     bool overlaps(uintptr_t start, uintptr_t end) const;
     void clear() { segs_.clear(); }
@@ -37,7 +37,7 @@ public:
     size_t bytes() const;
 
 private:
-    struct Seg {
+    struct segment {
         uintptr_t end;
         unsigned  count;
         bool      gone;
@@ -45,7 +45,7 @@ private:
     /* Splits the segment that contains addr so that one starts at addr. */
     void split_at(uintptr_t addr);
 
-    std::map<uintptr_t, Seg> segs_; /* start -> segment; disjoint */
+    std::map<uintptr_t, segment> segs_; /* start -> segment; disjoint */
 };
 
 /* Ranges the kernel still has registered though nobody watches them any
@@ -53,7 +53,7 @@ private:
  * lock (~5 us), and a cache drops and registers the same buffers again
  * and again. Kept in arrival order, the oldest unregistered first when
  * there are too many. */
-class RetainedRanges {
+class retained_ranges {
 public:
     /* checked: the caller had found no page-cache page in it */
     void add(uintptr_t start, uintptr_t end, bool checked);
@@ -62,17 +62,17 @@ public:
     /* true if [start, end) is one retained range, with its `checked` */
     bool find(uintptr_t start, uintptr_t end, bool *checked) const;
     /* The oldest range, forgotten; false if none. */
-    bool pop_oldest(Range *r);
+    bool pop_oldest(page_range *r);
     void clear();
     size_t size() const { return ranges_.size(); }
 
 private:
-    struct Kept {
+    struct kept_range {
         uintptr_t end;
         bool      checked;
     };
-    std::map<uintptr_t, Kept>      ranges_; /* start -> range; disjoint */
-    std::vector<Range>             order_;  /* arrival order, may hold stale */
+    std::map<uintptr_t, kept_range>      ranges_; /* start -> range; disjoint */
+    std::vector<page_range>             order_;  /* arrival order, may hold stale */
     size_t                         head_ = 0;
 };
 

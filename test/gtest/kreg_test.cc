@@ -20,36 +20,36 @@ size_t page()
 }
 
 /*                          name             backend     mode      !wp_async exact */
-const Config kAuto          {"auto",         "auto",     "verify", false,    true};
-const Config kUffd          {"uffd",         "uffd",     "verify", false,    true};
-const Config kUffdWp        {"uffd_wp",      "uffd",     "verify", true,     true};
-const Config kUffdPlain     {"uffd_plain",   "uffd",     "plain",  false,    false};
-const Config kNotifier      {"notifier",     "notifier", "verify", false,    true};
-const Config kNotifierPlain {"notifier_plain", "notifier", "plain", false,   false};
+const source_config kAuto          {"auto",         "auto",     "verify", false,    true};
+const source_config kUffd          {"uffd",         "uffd",     "verify", false,    true};
+const source_config kUffdWp        {"uffd_wp",      "uffd",     "verify", true,     true};
+const source_config kUffdPlain     {"uffd_plain",   "uffd",     "plain",  false,    false};
+const source_config kNotifier      {"notifier",     "notifier", "verify", false,    true};
+const source_config kNotifierPlain {"notifier_plain", "notifier", "plain", false,   false};
 
-void PrintTo(const Config &config, std::ostream *os)
+void PrintTo(const source_config &config, std::ostream *os)
 {
     *os << config.name << " (UCX_KREG_BACKEND=" << config.backend
         << " UCX_KREG_MODE=" << config.mode
         << (config.no_wp_async ? " UCX_KREG_WP_ASYNC=n" : "") << ")";
 }
 
-std::vector<Config> exact_configs()
+std::vector<source_config> exact_configs()
 {
     return {kUffd, kUffdWp, kNotifier};
 }
 
-std::vector<Config> all_configs()
+std::vector<source_config> all_configs()
 {
     return {kUffd, kUffdWp, kUffdPlain, kNotifier, kNotifierPlain};
 }
 
-std::string config_name(const testing::TestParamInfo<Config> &info)
+std::string config_name(const testing::TestParamInfo<source_config> &info)
 {
     return info.param.name;
 }
 
-Source::Source(const Config &config)
+scoped_source::scoped_source(const source_config &config)
 {
     if ((strcmp(config.backend, "notifier") == 0) &&
         (access(KREG_NF_DEVICE, R_OK | W_OK) != 0)) {
@@ -69,33 +69,33 @@ Source::Source(const Config &config)
     unsetenv("UCX_KREG_WP_ASYNC");
 }
 
-Source::~Source()
+scoped_source::~scoped_source()
 {
     if (skip_.empty()) {
         kreg_stop();
     }
 }
 
-EventLog::EventLog()
+event_log::event_log()
 {
     /* After kreg_start() the event is external: this installs no hook. */
     ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0, callback, this);
 }
 
-EventLog::~EventLog()
+event_log::~event_log()
 {
     ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, callback, this);
 }
 
-void EventLog::callback(ucm_event_type_t, ucm_event_t *ev, void *arg)
+void event_log::callback(ucm_event_type_t, ucm_event_t *ev, void *arg)
 {
-    auto *self = static_cast<EventLog *>(arg);
+    auto *self = static_cast<event_log *>(arg);
     uintptr_t start = reinterpret_cast<uintptr_t>(ev->vm_unmapped.address);
     std::lock_guard<std::mutex> guard(self->lock_);
     self->ranges_.emplace_back(start, start + ev->vm_unmapped.size);
 }
 
-bool EventLog::covers(const void *addr, size_t len) const
+bool event_log::covers(const void *addr, size_t len) const
 {
     uintptr_t s = reinterpret_cast<uintptr_t>(addr), e = s + len;
     std::lock_guard<std::mutex> guard(lock_);
@@ -107,13 +107,13 @@ bool EventLog::covers(const void *addr, size_t len) const
     return false;
 }
 
-size_t EventLog::count() const
+size_t event_log::count() const
 {
     std::lock_guard<std::mutex> guard(lock_);
     return ranges_.size();
 }
 
-void EventLog::clear()
+void event_log::clear()
 {
     std::lock_guard<std::mutex> guard(lock_);
     ranges_.clear();
@@ -163,12 +163,12 @@ void *map_anon(size_t len, void *hint, int extra_flags)
     return p;
 }
 
-TokenCache::TokenCache(bool watched) : watched_(watched)
+token_cache::token_cache(bool watched) : watched_(watched)
 {
     static const ucs_rcache_ops_t ops = {mem_reg, mem_dereg, dump};
 
     ucs_rcache_params_t params = {};
-    params.region_struct_size = sizeof(Region);
+    params.region_struct_size = sizeof(token_region);
     params.alignment          = page();
     params.max_alignment      = page();
     params.ucm_events         = UCM_EVENT_VM_UNMAPPED;
@@ -186,77 +186,77 @@ TokenCache::TokenCache(bool watched) : watched_(watched)
     }
 }
 
-TokenCache::~TokenCache()
+token_cache::~token_cache()
 {
     if (rcache_ != nullptr) {
         ucs_rcache_destroy(rcache_);
     }
 }
 
-ucs_status_t TokenCache::mem_reg(void *ctx, ucs_rcache_t *, void *arg,
+ucs_status_t token_cache::mem_reg(void *ctx, ucs_rcache_t *, void *arg,
                                  ucs_rcache_region_t *r, uint16_t)
 {
-    auto *self = static_cast<TokenCache *>(ctx);
+    auto *self = static_cast<token_cache *>(ctx);
     /* "registering" reads the token of the mapping looked up (arg) */
-    struct Reg {
-        Region                  *region;
+    struct token_reg {
+        token_region                  *region;
         const volatile uint64_t *token;
         static ucs_status_t reg(void *a, void *, size_t)
         {
-            auto *rg          = static_cast<Reg *>(a);
+            auto *rg          = static_cast<token_reg *>(a);
             rg->region->token = *rg->token;
             return UCS_OK;
         }
         static void dereg(void *) {}
-    } reg{reinterpret_cast<Region *>(r), static_cast<volatile uint64_t *>(arg)};
+    } reg{reinterpret_cast<token_region *>(r), static_cast<volatile uint64_t *>(arg)};
     if (!self->watched_) {
         static const uint64_t always = 1;
         reg.region->watch         = kreg_watch_t{};
         reg.region->watch.counter = &always;
         reg.region->watch.snapshot = always;
         ++self->regs_;
-        return Reg::reg(&reg, nullptr, 0);
+        return token_reg::reg(&reg, nullptr, 0);
     }
     ucs_status_t st = kreg_register_watched(
             reinterpret_cast<void *>(r->super.start), r->super.end - r->super.start,
-            &reg.region->watch, Reg::reg, Reg::dereg, &reg, nullptr);
+            &reg.region->watch, token_reg::reg, token_reg::dereg, &reg, nullptr);
     if (st == UCS_OK) {
         ++self->regs_;
     }
     return st; /* never cache what nothing watches */
 }
 
-void TokenCache::mem_dereg(void *ctx, ucs_rcache_t *, ucs_rcache_region_t *r)
+void token_cache::mem_dereg(void *ctx, ucs_rcache_t *, ucs_rcache_region_t *r)
 {
-    if (static_cast<TokenCache *>(ctx)->watched_) {
-        kreg_unwatch(&reinterpret_cast<Region *>(r)->watch);
+    if (static_cast<token_cache *>(ctx)->watched_) {
+        kreg_unwatch(&reinterpret_cast<token_region *>(r)->watch);
     }
 }
 
-void TokenCache::dump(void *, ucs_rcache_t *, ucs_rcache_region_t *r, char *buf,
+void token_cache::dump(void *, ucs_rcache_t *, ucs_rcache_region_t *r, char *buf,
                       size_t max)
 {
     snprintf(buf, max, "token %lu",
-             static_cast<unsigned long>(reinterpret_cast<Region *>(r)->token));
+             static_cast<unsigned long>(reinterpret_cast<token_region *>(r)->token));
 }
 
-TokenCache::Hit TokenCache::lookup(void *addr, size_t len)
+token_cache::lookup_result token_cache::lookup(void *addr, size_t len)
 {
-    Hit hit{true, false, false};
+    lookup_result hit{true, false, false};
     if (rcache_ == nullptr) {
         ++uncached_;
         return hit;
     }
     ucs_rcache_region_t *r = nullptr;
     ucs_status_t st = kreg_rcache_get(rcache_, addr, len, PROT_READ, addr,
-                                      offsetof(Region, watch), &r);
+                                      offsetof(token_region, watch), &r);
     if (st != UCS_OK) {
         ++uncached_; /* an uncached registration reads the memory as it is */
         return hit;
     }
     const uint64_t now = *static_cast<volatile uint64_t *>(addr);
     hit.cached = true;
-    hit.stale  = reinterpret_cast<Region *>(r)->token != now;
+    hit.stale  = reinterpret_cast<token_region *>(r)->token != now;
     ucs_rcache_region_put(rcache_, r);
     return hit;
 }

@@ -42,14 +42,14 @@ extern "C" {
 
 namespace kreg_test {
 
-using kreg_tools::ChildResult;
+using kreg_tools::child_result;
 using kreg_tools::run_child;
 
 size_t page();
 
 /* The configurations the parameterised suites run in: a backend and a
  * mode, as a user sets them. */
-struct Config {
+struct source_config {
     const char *name;     /* test-name suffix */
     const char *backend;  /* UCX_KREG_BACKEND */
     const char *mode;     /* UCX_KREG_MODE */
@@ -58,20 +58,20 @@ struct Config {
 };
 /* kAuto: what a user gets with nothing set */
 /* gtest prints a parameter that fails with this */
-void PrintTo(const Config &config, std::ostream *os);
-extern const Config kAuto, kUffd, kUffdWp, kUffdPlain, kNotifier, kNotifierPlain;
+void PrintTo(const source_config &config, std::ostream *os);
+extern const source_config kAuto, kUffd, kUffdWp, kUffdPlain, kNotifier, kNotifierPlain;
 /* the exact ones, for the suites that assert exactness */
-std::vector<Config> exact_configs();
-std::vector<Config> all_configs();
-std::string config_name(const testing::TestParamInfo<Config> &info);
+std::vector<source_config> exact_configs();
+std::vector<source_config> all_configs();
+std::string config_name(const testing::TestParamInfo<source_config> &info);
 
 /* kreg_start() for the test's lifetime in one configuration. skip() says
  * why the configuration cannot run here (no module, ...), or "". */
-class Source {
+class scoped_source {
 public:
-    explicit Source(const Config &config);
-    Source() : Source(kUffd) {}
-    ~Source();
+    explicit scoped_source(const source_config &config);
+    scoped_source() : scoped_source(kUffd) {}
+    ~scoped_source();
     ucs_status_t status() const { return status_; }
     const std::string &skip() const { return skip_; }
 
@@ -80,11 +80,11 @@ private:
     std::string  skip_;
 };
 
-/* SetUp of a suite parameterised by Config: starts the source, or skips
+/* SetUp of a suite parameterised by source_config: starts the source, or skips
  * with the reason. */
 #define KREG_START_OR_SKIP(_source, _config) \
     do { \
-        (_source) = std::make_unique<Source>(_config); \
+        (_source) = std::make_unique<scoped_source>(_config); \
         if (!(_source)->skip().empty()) { \
             GTEST_SKIP() << (_source)->skip(); \
         } \
@@ -92,13 +92,13 @@ private:
     } while (0)
 
 /* A kreg_watch_t that unwatches when it goes out of scope. */
-class Watch {
+class scoped_watch {
 public:
-    Watch() = default;
-    Watch(void *addr, size_t len) { watch(addr, len); }
-    ~Watch() { kreg_unwatch(&w_); }
-    Watch(const Watch &) = delete;
-    Watch &operator=(const Watch &) = delete;
+    scoped_watch() = default;
+    scoped_watch(void *addr, size_t len) { watch(addr, len); }
+    ~scoped_watch() { kreg_unwatch(&w_); }
+    scoped_watch(const scoped_watch &) = delete;
+    scoped_watch &operator=(const scoped_watch &) = delete;
     int watch(void *addr, size_t len, kreg_reason_t *why = nullptr)
     {
         kreg_unwatch(&w_);
@@ -113,10 +113,10 @@ private:
 };
 
 /* Records every UCM_EVENT_VM_UNMAPPED range, whatever reports it. */
-class EventLog {
+class event_log {
 public:
-    EventLog();
-    ~EventLog();
+    event_log();
+    ~event_log();
     /* true if one recorded event covers [addr, addr+len) */
     bool covers(const void *addr, size_t len) const;
     size_t count() const;
@@ -145,26 +145,26 @@ void *map_anon(size_t len, void *hint = nullptr, int extra_flags = 0);
  * starts with a token the test writes; each registration records the token
  * it saw, so a hit whose token differs from the memory's is a stale entry.
  * (The pinned-page oracle is tools/uring_rcache.) */
-class TokenCache {
+class token_cache {
 public:
     /* watched=false: registrations nothing watches, for showing that the
      * oracle can fail */
-    explicit TokenCache(bool watched = true);
-    ~TokenCache();
+    explicit token_cache(bool watched = true);
+    ~token_cache();
 
-    struct Hit {
+    struct lookup_result {
         bool     ok;       /* lookup succeeded */
         bool     stale;    /* the entry belonged to another mapping */
         bool     cached;   /* came from the cache (not uncached fallback) */
     };
-    Hit lookup(void *addr, size_t len);
+    lookup_result lookup(void *addr, size_t len);
 
     bool created() const { return rcache_ != nullptr; }
     uint64_t registrations() const { return regs_; }
     uint64_t uncached() const { return uncached_; }
 
 private:
-    struct Region {
+    struct token_region {
         ucs_rcache_region_t super;
         kreg_watch_t        watch;
         uint64_t            token;

@@ -33,14 +33,14 @@ constexpr unsigned char OLD = 0x11, NEW = 0x22;
 const size_t len = 64 * 1024;
 
 /* What the "NIC" sent: all new bytes, all old (stale) or a mix. */
-enum class Sent { fresh, stale, mixed };
+enum class sent_bytes { fresh, stale, mixed };
 
-Sent judge(const std::vector<unsigned char> &got)
+sent_bytes judge(const std::vector<unsigned char> &got)
 {
     const size_t n_new = std::count(got.begin(), got.end(), NEW);
     const size_t n_old = std::count(got.begin(), got.end(), OLD);
-    return (n_new == got.size()) ? Sent::fresh :
-           (n_old == got.size()) ? Sent::stale : Sent::mixed;
+    return (n_new == got.size()) ? sent_bytes::fresh :
+           (n_old == got.size()) ? sent_bytes::stale : sent_bytes::mixed;
 }
 
 void *raw_mremap(void *old, size_t old_len, size_t new_len, int flags,
@@ -51,7 +51,7 @@ void *raw_mremap(void *old, size_t old_len, size_t new_len, int flags,
             syscall(SYS_mremap, old, old_len, new_len, flags, new_addr));
 }
 
-class AddressSpace : public testing::TestWithParam<Config> {
+class AddressSpace : public testing::TestWithParam<source_config> {
 protected:
     void SetUp() override
     {
@@ -68,16 +68,16 @@ protected:
     void cache(void *p, size_t n)
     {
         memset(p, OLD, n);
-        ASSERT_EQ(Sent::stale, judge(rc_->transfer(p, n))) /* all OLD */
+        ASSERT_EQ(sent_bytes::stale, judge(rc_->transfer(p, n))) /* all OLD */
                 << "the first transfer did not send the buffer";
         const auto hits = rc_->counters().hits;
         rc_->transfer(p, n);
         ASSERT_EQ(hits + 1, rc_->counters().hits) << "the buffer is not cached";
     }
 
-    Sent send(void *p, size_t n) { return judge(rc_->transfer(p, n)); }
+    sent_bytes send(void *p, size_t n) { return judge(rc_->transfer(p, n)); }
 
-    std::unique_ptr<Source>       source_;
+    std::unique_ptr<scoped_source>       source_;
     std::unique_ptr<uring_rcache> rc_;
 };
 
@@ -91,7 +91,7 @@ TEST_P(AddressSpace, RawMunmapThenMmapSendsTheNewBytes)
         GTEST_SKIP() << "the freed address was taken by another mapping";
     }
     memset(q, NEW, len);
-    EXPECT_EQ(Sent::fresh, send(q, len));
+    EXPECT_EQ(sent_bytes::fresh, send(q, len));
     munmap(q, len);
 }
 
@@ -103,7 +103,7 @@ TEST_P(AddressSpace, MremapDontunmapSendsTheNewBytes)
     void *moved = raw_mremap(p, len, len, MREMAP_MAYMOVE | MREMAP_DONTUNMAP);
     ASSERT_NE(MAP_FAILED, moved) << strerror(errno);
     memset(p, NEW, len);
-    EXPECT_EQ(Sent::fresh, send(p, len));
+    EXPECT_EQ(sent_bytes::fresh, send(p, len));
     munmap(moved, len);
     munmap(p, len);
 }
@@ -121,7 +121,7 @@ TEST_P(AddressSpace, ShmatRemapOverACachedBufferSendsTheNewBytes)
     ASSERT_EQ(p, q) << strerror(errno);
     memset(q, NEW, len);
     try {
-        EXPECT_EQ(Sent::fresh, send(q, len));
+        EXPECT_EQ(sent_bytes::fresh, send(q, len));
     } catch (const std::exception &e) {
         shmdt(q);
         if (rc_->last_reg_errno() == 0) {
@@ -153,7 +153,7 @@ protected:
     void use(void *p)
     {
         memset(p, OLD, len);
-        ASSERT_EQ(Sent::stale, judge(rc_->transfer(p, len)));
+        ASSERT_EQ(sent_bytes::stale, judge(rc_->transfer(p, len)));
         rc_->transfer(p, len);
     }
 };
@@ -165,7 +165,7 @@ TEST_P(SharedMemory, PunchHoleSendsTheNewBytes)
     use(p);
     ASSERT_EQ(0, fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, len));
     memset(p, NEW, len);
-    EXPECT_EQ(Sent::fresh, send(p, len));
+    EXPECT_EQ(sent_bytes::fresh, send(p, len));
     munmap(p, len);
     close(fd);
 }
@@ -178,7 +178,7 @@ TEST_P(SharedMemory, TruncateAndExtendSendsTheNewBytes)
     ASSERT_EQ(0, ftruncate(fd, 0));
     ASSERT_EQ(0, ftruncate(fd, len));
     memset(p, NEW, len);
-    EXPECT_EQ(Sent::fresh, send(p, len));
+    EXPECT_EQ(sent_bytes::fresh, send(p, len));
     munmap(p, len);
     close(fd);
 }
@@ -207,14 +207,14 @@ TEST_P(AddressSpace, SecondCacheOverTheNewMappingDoesNotHideTheChange)
     char *p = static_cast<char *>(map_anon(2 * len));
     cache(p, len);
     memset(p, OLD, 2 * len);
-    ASSERT_EQ(Sent::stale, judge(second.transfer(p, 2 * len)));
+    ASSERT_EQ(sent_bytes::stale, judge(second.transfer(p, 2 * len)));
     void *q = mmap(p, len, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     ASSERT_EQ(p, q);
     memset(p, NEW, len);
     memset(p + len, NEW, len);
-    EXPECT_EQ(Sent::fresh, judge(second.transfer(p, 2 * len)));
-    EXPECT_EQ(Sent::fresh, send(p, len));
+    EXPECT_EQ(sent_bytes::fresh, judge(second.transfer(p, 2 * len)));
+    EXPECT_EQ(sent_bytes::fresh, send(p, len));
     munmap(p, 2 * len);
 }
 
@@ -229,7 +229,7 @@ INSTANTIATE_TEST_SUITE_P(Exact, SharedMemory, testing::ValuesIn(exact_configs())
 TEST(SharedMemoryPolicy, WatchOptionUnderUffdMissesAHolePunch)
 {
     setenv("UCX_KREG_SHARED_MEMORY", "watch", 1);
-    Source src(kUffd);
+    scoped_source src(kUffd);
     unsetenv("UCX_KREG_SHARED_MEMORY");
     ASSERT_EQ(UCS_OK, src.status());
     uring_rcache rc(kreg_tools::source::kernel);
@@ -241,7 +241,7 @@ TEST(SharedMemoryPolicy, WatchOptionUnderUffdMissesAHolePunch)
     rc.transfer(p, len);
     ASSERT_EQ(0, fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, len));
     memset(p, NEW, len);
-    EXPECT_EQ(Sent::stale, judge(rc.transfer(p, len)))
+    EXPECT_EQ(sent_bytes::stale, judge(rc.transfer(p, len)))
             << "expected the documented blind spot of SHARED_MEMORY=watch";
     munmap(p, len);
     close(fd);
@@ -253,7 +253,7 @@ TEST(SharedMemoryPolicy, WatchOptionUnderUffdMissesAHolePunch)
  * (`changed`), writes NEW bytes and sends through the cache at once. With
  * `second`, another cache in the process looks the whole range up first
  * (it merges and registers the new mapping again). */
-struct Race {
+struct race_case {
     const char *name;
     /* thread A: the change */
     void (*change)(void *p, size_t n);
@@ -263,7 +263,7 @@ struct Race {
     bool second;
 };
 
-const Race kRaces[] = {
+const race_case kRaces[] = {
     {"munmap_then_mmap",
      [](void *p, size_t n) { syscall(SYS_munmap, p, n); },
      [](void *p, size_t n) { return map_anon(n, p, MAP_FIXED_NOREPLACE) == p; },
@@ -296,20 +296,20 @@ const Race kRaces[] = {
 };
 constexpr int kNumRaces = sizeof(kRaces) / sizeof(kRaces[0]);
 
-struct Tally {
+struct race_tally {
     unsigned rounds = 0, stale = 0, mixed = 0, skipped = 0;
 };
 
-Tally run_race(const Race &race, uring_rcache &rc, uring_rcache &second,
+race_tally run_race(const race_case &race, uring_rcache &rc, uring_rcache &second,
                unsigned rounds)
 {
-    Tally t;
+    race_tally t;
     const size_t n = len;
     for (unsigned i = 0; i < rounds; ++i) {
         void *p = map_anon(n);
         memset(p, OLD, n);
-        if ((judge(rc.transfer(p, n)) != Sent::stale) ||
-            (race.second && (judge(second.transfer(p, n)) != Sent::stale))) {
+        if ((judge(rc.transfer(p, n)) != sent_bytes::stale) ||
+            (race.second && (judge(second.transfer(p, n)) != sent_bytes::stale))) {
             ++t.skipped; /* could not even cache it */
             munmap(p, n);
             continue;
@@ -330,9 +330,9 @@ Tally run_race(const Race &race, uring_rcache &rc, uring_rcache &second,
             if (race.second) {
                 second.transfer(p, n);
             }
-            const Sent s = judge(rc.transfer(p, n));
-            t.stale += (s == Sent::stale);
-            t.mixed += (s == Sent::mixed);
+            const sent_bytes s = judge(rc.transfer(p, n));
+            t.stale += (s == sent_bytes::stale);
+            t.mixed += (s == sent_bytes::mixed);
             ++t.rounds;
         } else {
             ++t.skipped;
@@ -343,22 +343,22 @@ Tally run_race(const Race &race, uring_rcache &rc, uring_rcache &second,
     return t;
 }
 
-class CrossThread : public testing::TestWithParam<std::tuple<Config, int>> {
+class CrossThread : public testing::TestWithParam<std::tuple<source_config, int>> {
 protected:
     void SetUp() override
     {
         KREG_START_OR_SKIP(source_, std::get<0>(GetParam()));
     }
-    std::unique_ptr<Source> source_;
+    std::unique_ptr<scoped_source> source_;
 };
 
 TEST_P(CrossThread, ChangeInOneThreadLookupInAnotherNeverSendsOldBytes)
 {
-    const Race &race      = kRaces[std::get<1>(GetParam())];
+    const race_case &race      = kRaces[std::get<1>(GetParam())];
     const char *env       = getenv("KREG_RACE_ROUNDS");
     const unsigned rounds = env ? static_cast<unsigned>(atoi(env)) : 400;
     uring_rcache rc(kreg_tools::source::kernel), second(kreg_tools::source::kernel);
-    const Tally t = run_race(race, rc, second, rounds);
+    const race_tally t = run_race(race, rc, second, rounds);
     printf("%s: %u rounds, %u stale, %u mixed, %u skipped\n", race.name, t.rounds,
            t.stale, t.mixed, t.skipped);
     EXPECT_GT(t.rounds, rounds / 2) << "too few rounds ran to prove anything";
@@ -371,7 +371,7 @@ TEST_P(CrossThread, ChangeInOneThreadLookupInAnotherNeverSendsOldBytes)
 INSTANTIATE_TEST_SUITE_P(
         Races, CrossThread,
         testing::Combine(testing::ValuesIn(all_configs()), testing::Range(0, kNumRaces)),
-        [](const testing::TestParamInfo<std::tuple<Config, int>> &info) {
+        [](const testing::TestParamInfo<std::tuple<source_config, int>> &info) {
             return std::string(std::get<0>(info.param).name) + "_" +
                    kRaces[std::get<1>(info.param)].name;
         });

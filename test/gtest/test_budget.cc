@@ -40,14 +40,14 @@ unsigned long mappings()
     return n;
 }
 
-class Budget : public testing::TestWithParam<Config> {
+class Budget : public testing::TestWithParam<source_config> {
 protected:
     void SetUp() override
     {
         KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
         KREG_START_OR_SKIP(source_, GetParam());
     }
-    std::unique_ptr<Source> source_;
+    std::unique_ptr<scoped_source> source_;
 };
 
 /* Issue 9, case 5: 4 KiB watches scattered over one mapping split it
@@ -70,7 +70,7 @@ TEST_P(Budget, ScatteredWatchesStopAtTheBudgetAndTheApplicationCanStillMap)
         if (area == MAP_FAILED) {
             return 3;
         }
-        std::vector<Watch> watches(pages / 2);
+        std::vector<scoped_watch> watches(pages / 2);
         unsigned long watched = 0, refused = 0;
         kreg_reason_t why     = KREG_REASON_NONE;
         for (size_t i = 0; i < pages / 2; ++i) {
@@ -101,7 +101,7 @@ TEST_P(Budget, ScatteredWatchesStopAtTheBudgetAndTheApplicationCanStillMap)
         }
         /* dropping watches frees the budget again */
         watches[0].unwatch();
-        if (!Watch().watch(p, 3 * page())) {
+        if (!scoped_watch().watch(p, 3 * page())) {
             return 8;
         }
         return 0;
@@ -129,7 +129,7 @@ TEST_P(Budget, AnExplicitBudgetIsKept)
         if (caps.max_ranges != 10) {
             return 3;
         }
-        std::vector<Watch> watches(20);
+        std::vector<scoped_watch> watches(20);
         char *area = static_cast<char *>(map_anon(40 * page()));
         int watched = 0;
         for (int i = 0; i < 20; ++i) {
@@ -151,7 +151,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, Budget, testing::Values(kUffd, kNotifier),
 TEST(UffdRollback, RegistrationThatFailsHalfwayLeavesNothingRegistered)
 {
     KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
-    Source src(kUffd);
+    scoped_source src(kUffd);
     ASSERT_EQ(UCS_OK, src.status());
     auto r = run_child([] {
         /* [gap][A rw][B ro][C rw, 2 pages][gap]: a watch of A..C's first
@@ -180,7 +180,7 @@ TEST(UffdRollback, RegistrationThatFailsHalfwayLeavesNothingRegistered)
         if (errno != ENOMEM) {
             return 4;
         }
-        Watch w;
+        scoped_watch w;
         kreg_reason_t why;
         const int watched = w.watch(a, 3 * page(), &why);
         /* give the filler back before anything else needs a mapping */

@@ -24,7 +24,7 @@ namespace {
 
 const size_t len = 16 * 4096;
 
-class Events : public testing::TestWithParam<Config> {
+class Events : public testing::TestWithParam<source_config> {
 protected:
     void SetUp() override
     {
@@ -33,7 +33,7 @@ protected:
         kreg_query(&caps);
         notifier_ = caps.backend == KREG_BACKEND_NOTIFIER;
         plain_    = caps.mode == KREG_MODE_PLAIN;
-        log_      = std::make_unique<EventLog>();
+        log_      = std::make_unique<event_log>();
         reports_  = kernel_reports();
     }
     void TearDown() override
@@ -42,7 +42,7 @@ protected:
         source_.reset();
     }
 
-    void *watched(Watch &w, size_t n = len)
+    void *watched(scoped_watch &w, size_t n = len)
     {
         void *p = map_anon(n);
         EXPECT_NE(nullptr, p);
@@ -52,7 +52,7 @@ protected:
 
     /* After a change of [addr, addr+n) has returned: the kernel said so,
      * through the backend's own reader, and UCM heard it. */
-    void expect_reported(Watch &w, const void *addr, size_t n)
+    void expect_reported(scoped_watch &w, const void *addr, size_t n)
     {
         if (notifier_ && !plain_) {
             EXPECT_FALSE(w.current())
@@ -67,7 +67,7 @@ protected:
     }
 
     /* The pages stayed: no counter moved, nothing reported. */
-    void expect_not_reported(Watch &w, const void *addr, size_t n)
+    void expect_not_reported(scoped_watch &w, const void *addr, size_t n)
     {
         kreg_prepare_lookup(const_cast<void *>(addr), n);
         kreg_sync();
@@ -75,15 +75,15 @@ protected:
         EXPECT_FALSE(log_->covers(addr, n)) << "a change that keeps the pages was reported";
     }
 
-    std::unique_ptr<Source>   source_;
-    std::unique_ptr<EventLog> log_;
+    std::unique_ptr<scoped_source>   source_;
+    std::unique_ptr<event_log> log_;
     uint64_t                  reports_  = 0;
     bool                      notifier_ = false, plain_ = false;
 };
 
 TEST_P(Events, MunmapIsReported)
 {
-    Watch w;
+    scoped_watch w;
     void *p = watched(w);
     ASSERT_EQ(0, munmap(p, len));
     expect_reported(w, p, len);
@@ -91,7 +91,7 @@ TEST_P(Events, MunmapIsReported)
 
 TEST_P(Events, RawSyscallMunmapIsReported)
 {
-    Watch w;
+    scoped_watch w;
     void *p = watched(w);
     ASSERT_EQ(0, syscall(SYS_munmap, p, len));
     expect_reported(w, p, len);
@@ -99,7 +99,7 @@ TEST_P(Events, RawSyscallMunmapIsReported)
 
 TEST_P(Events, MunmapOfOnePageInsideIsReported)
 {
-    Watch w;
+    scoped_watch w;
     char *p = static_cast<char *>(watched(w));
     ASSERT_EQ(0, munmap(p + 4 * page(), page()));
     expect_reported(w, p + 4 * page(), page());
@@ -108,7 +108,7 @@ TEST_P(Events, MunmapOfOnePageInsideIsReported)
 
 TEST_P(Events, MapFixedOverIsReported)
 {
-    Watch w;
+    scoped_watch w;
     void *p = watched(w);
     void *q = mmap(p, len, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
@@ -119,7 +119,7 @@ TEST_P(Events, MapFixedOverIsReported)
 
 TEST_P(Events, MremapShrinkReportsTheTailOnly)
 {
-    Watch w;
+    scoped_watch w;
     char *p = static_cast<char *>(watched(w));
     ASSERT_EQ(p, mremap(p, len, len / 2, 0));
     expect_reported(w, p + len / 2, len / 2);
@@ -133,7 +133,7 @@ TEST_P(Events, MremapShrinkReportsTheTailOnly)
 
 TEST_P(Events, MremapMoveReportsTheOldRange)
 {
-    Watch w;
+    scoped_watch w;
     void *p      = watched(w);
     void *target = map_anon(len);
     ASSERT_NE(nullptr, target);
@@ -146,7 +146,7 @@ TEST_P(Events, MremapMoveReportsTheOldRange)
 /* glibc 2.36's mremap() mishandles DONTUNMAP: the raw syscall. */
 TEST_P(Events, MremapDontunmapReportsTheOldRange)
 {
-    Watch w;
+    scoped_watch w;
     char *p = static_cast<char *>(watched(w));
     void *q = reinterpret_cast<void *>(
             syscall(SYS_mremap, p, len, len, MREMAP_MAYMOVE | MREMAP_DONTUNMAP, 0));
@@ -160,7 +160,7 @@ TEST_P(Events, MremapDontunmapReportsTheOldRange)
 
 TEST_P(Events, MadviseDontneedIsReported)
 {
-    Watch w;
+    scoped_watch w;
     void *p = watched(w);
     ASSERT_EQ(0, madvise(p, len, MADV_DONTNEED));
     expect_reported(w, p, len);
@@ -169,7 +169,7 @@ TEST_P(Events, MadviseDontneedIsReported)
 
 TEST_P(Events, RawSyscallMadviseIsReported)
 {
-    Watch w;
+    scoped_watch w;
     void *p = watched(w);
     ASSERT_EQ(0, syscall(SYS_madvise, p, len, MADV_DONTNEED));
     expect_reported(w, p, len);
@@ -182,7 +182,7 @@ TEST_P(Events, MadviseRemoveOfSharedMemoryIsReported)
                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(MAP_FAILED, p);
     memset(p, 1, len);
-    Watch w;
+    scoped_watch w;
     ASSERT_EQ(1, w.watch(p, len)) << "shared anonymous memory must be watchable";
     ASSERT_EQ(0, madvise(p, len, MADV_REMOVE));
     expect_reported(w, p, len);
@@ -195,7 +195,7 @@ TEST_P(Events, IoUringMadviseIsReported)
     if (io_uring_queue_init(4, &ring, 0) != 0) {
         GTEST_SKIP() << "io_uring unavailable";
     }
-    Watch w;
+    scoped_watch w;
     void *p = watched(w);
     struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
     io_uring_prep_madvise(sqe, p, len, MADV_DONTNEED);
@@ -215,7 +215,7 @@ TEST_P(Events, BrkShrinkIsReported)
     const bool notifier = notifier_ && !plain_;
     /* in a child: the heap top must not move under us */
     auto res = run_child([notifier] {
-        EventLog log;
+        event_log log;
         /* the child's first call restarts the source, which allocates:
          * before the heap top is taken */
         kreg_caps_t caps;
@@ -228,7 +228,7 @@ TEST_P(Events, BrkShrinkIsReported)
             return 2;
         }
         memset(base, 1, grow);
-        Watch w;
+        scoped_watch w;
         if (!w.watch(base, grow)) {
             return 3;
         }
@@ -259,7 +259,7 @@ TEST_P(Events, FileMappingUnmapIsReportedWhereWatchable)
     void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     ASSERT_NE(MAP_FAILED, p);
-    Watch w;
+    scoped_watch w;
     kreg_reason_t why;
     const int watched_now = w.watch(p, len, &why);
     if (!notifier_ && !caps.wp_async) {
@@ -277,9 +277,9 @@ TEST_P(Events, FileMappingUnmapIsReportedWhereWatchable)
  * buffer inside one is watched (widened), not refused. */
 /* Reserves two more 2 MiB pages for the test where it may (root), and
  * gives them back. */
-class HugePages {
+class huge_page_reserve {
 public:
-    HugePages()
+    huge_page_reserve()
     {
         FILE *f = fopen(kPath, "r");
         if ((f != nullptr) && (fscanf(f, "%ld", &old_) == 1)) {
@@ -293,7 +293,7 @@ public:
             fclose(f);
         }
     }
-    ~HugePages()
+    ~huge_page_reserve()
     {
         FILE *f = raised_ ? fopen(kPath, "w") : nullptr;
         if (f != nullptr) {
@@ -311,7 +311,7 @@ private:
 TEST_P(Events, HugetlbBufferIsWatchedAndItsUnmapReported)
 {
     const size_t huge = 2 << 20;
-    HugePages reserve;
+    huge_page_reserve reserve;
     char *p = static_cast<char *>(mmap(nullptr, huge, PROT_READ | PROT_WRITE,
                                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0));
     if (p == MAP_FAILED) {
@@ -319,7 +319,7 @@ TEST_P(Events, HugetlbBufferIsWatchedAndItsUnmapReported)
                         "(not root)";
     }
     memset(p, 1, huge);
-    Watch w;
+    scoped_watch w;
     kreg_reason_t why;
     ASSERT_EQ(1, w.watch(p + 64 * 1024, 64 * 1024, &why)) << kreg_reason_str(why);
     ASSERT_EQ(0, munmap(p, huge));
@@ -330,7 +330,7 @@ TEST_P(Events, UnmapNextToAWatchIsNotReported)
 {
     char *p = static_cast<char *>(map_anon(2 * len));
     ASSERT_NE(nullptr, p);
-    Watch w;
+    scoped_watch w;
     ASSERT_EQ(1, w.watch(p, len));
     ASSERT_EQ(0, munmap(p + len, len)); /* the unwatched neighbour */
     expect_not_reported(w, p + len, len);
@@ -339,7 +339,7 @@ TEST_P(Events, UnmapNextToAWatchIsNotReported)
 
 TEST_P(Events, MprotectKeepsThePages)
 {
-    Watch w;
+    scoped_watch w;
     void *p = watched(w);
     ASSERT_EQ(0, mprotect(p, len, PROT_READ));
     ASSERT_EQ(0, mprotect(p, len, PROT_READ | PROT_WRITE));
@@ -349,7 +349,7 @@ TEST_P(Events, MprotectKeepsThePages)
 
 TEST_P(Events, WritesKeepThePages)
 {
-    Watch w;
+    scoped_watch w;
     void *p = watched(w);
     memset(p, 7, len);
     expect_not_reported(w, p, len);
@@ -365,7 +365,7 @@ TEST_P(Events, LongUnwatchedRangesAreNoLongerReported)
     char *area  = static_cast<char *>(map_anon(2 * n * page()));
     ASSERT_NE(nullptr, area);
     for (int i = 0; i < n; ++i) {
-        Watch w;
+        scoped_watch w;
         ASSERT_EQ(1, w.watch(area + 2 * i * page(), page()));
     }
     ASSERT_EQ(0, munmap(area, page())); /* the first one unwatched */
@@ -378,7 +378,7 @@ TEST_P(Events, LongUnwatchedRangesAreNoLongerReported)
 
 TEST_P(Events, WatchersAreCounted)
 {
-    Watch a, b;
+    scoped_watch a, b;
     void *p = watched(a);
     ASSERT_EQ(1, b.watch(p, len)); /* a second watcher */
     a.unwatch();
@@ -391,7 +391,7 @@ TEST_P(Events, OverlappingWatchersKeepTheOverlap)
 {
     char *p = static_cast<char *>(map_anon(3 * len));
     ASSERT_NE(nullptr, p);
-    Watch a, b;
+    scoped_watch a, b;
     ASSERT_EQ(1, a.watch(p, 2 * len));
     ASSERT_EQ(1, b.watch(p + len, 2 * len));
     a.unwatch();

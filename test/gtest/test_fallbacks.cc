@@ -57,12 +57,12 @@ int refused_start(int err, bool allow_device, kreg_reason_t expect)
         }
         void *p = map_anon(4096);
         kreg_reason_t why;
-        Watch w;
+        scoped_watch w;
         if (w.watch(p, 4096, &why) != 0 || why != expect) {
             return 13;
         }
         /* a cache in this state caches nothing */
-        TokenCache cache;
+        token_cache cache;
         for (int i = 0; i < 3; ++i) {
             auto hit = cache.lookup(p, 4096);
             if (!hit.ok || hit.cached) {
@@ -83,7 +83,7 @@ protected:
         }
     }
     /* the userfaultfd backend's fallbacks, whichever backend is the default */
-    Source source_{kUffd};
+    scoped_source source_{kUffd};
 };
 
 TEST_F(Fallbacks, EnosysWithoutDevice)
@@ -132,14 +132,14 @@ TEST_F(Fallbacks, EbusyWhenAnotherUserfaultfdWatches)
     kreg_stats_t before, after;
     kreg_get_stats(&before);
     kreg_reason_t why;
-    Watch w;
+    scoped_watch w;
     EXPECT_EQ(0, w.watch(p, len, &why));
     EXPECT_EQ(KREG_REASON_EBUSY, why);
     kreg_get_stats(&after);
     EXPECT_EQ(before.fallbacks[KREG_REASON_EBUSY] + 1, after.fallbacks[KREG_REASON_EBUSY]);
 
     /* and a cache registers it uncached, every time */
-    TokenCache cache;
+    token_cache cache;
     for (int i = 0; i < 3; ++i) {
         auto hit = cache.lookup(p, len);
         EXPECT_TRUE(hit.ok);
@@ -170,7 +170,7 @@ TEST_F(Fallbacks, EinvalForFileMappingWithoutWpAsync)
             return 22;
         }
         kreg_reason_t why;
-        Watch w;
+        scoped_watch w;
         if (w.watch(p, 4096, &why) != 0) {
             return 23;
         }
@@ -205,7 +205,7 @@ TEST_F(Fallbacks, BadOptionValueIsRefusedClearly)
         kreg_caps_t caps;
         kreg_query(&caps);
         void *p = map_anon(4096);
-        int w   = Watch().watch(p, 4096);
+        int w   = scoped_watch().watch(p, 4096);
         kreg_stop();
         return (st == UCS_ERR_INVALID_PARAM && !caps.running && w == 0) ? 0 : 30;
     });
@@ -224,7 +224,7 @@ TEST_F(Fallbacks, DisabledByOption)
         kreg_query(&caps);
         void *p = map_anon(4096);
         kreg_reason_t why;
-        int w = Watch().watch(p, 4096, &why);
+        int w = scoped_watch().watch(p, 4096, &why);
         kreg_stop();
         return (st != UCS_OK && !caps.running && !caps.external_event &&
                 caps.reason == KREG_REASON_DISABLED && w == 0 &&
@@ -249,7 +249,7 @@ TEST_F(Fallbacks, NotifierAskedForWithoutTheModuleIsRefusedClearly)
         kreg_query(&caps);
         void *p = map_anon(4096);
         kreg_reason_t why;
-        int w = Watch().watch(p, 4096, &why);
+        int w = scoped_watch().watch(p, 4096, &why);
         kreg_stop();
         return (st != UCS_OK && !caps.running && caps.reason == KREG_REASON_NO_DEVICE &&
                 w == 0 && why == KREG_REASON_NO_DEVICE) ? 0 : 50;
@@ -261,7 +261,7 @@ TEST_F(Fallbacks, NotifierAskedForWithoutTheModuleIsRefusedClearly)
 /* What a user gets with nothing set, and the reason it is told. */
 TEST(Auto, ChoosesTheNotifierWhereItsModuleIsLoadedElseUffd)
 {
-    Source src(kAuto);
+    scoped_source src(kAuto);
     ASSERT_EQ(UCS_OK, src.status());
     kreg_caps_t caps;
     kreg_query(&caps);
@@ -311,7 +311,7 @@ TEST_F(Fallbacks, UnderValgrindFallsBack)
         EXPECT_FALSE(caps.running);
         EXPECT_EQ(KREG_REASON_VALGRIND, caps.reason);
         void *p = map_anon(4096);
-        EXPECT_EQ(0, Watch().watch(p, 4096));
+        EXPECT_EQ(0, scoped_watch().watch(p, 4096));
         /* an unwatched munmap must not block under valgrind */
         EXPECT_EQ(0, munmap(p, 4096));
         return;

@@ -21,10 +21,10 @@ using namespace kreg_test;
 
 namespace {
 
-class Lifecycle : public testing::TestWithParam<Config> {
+class Lifecycle : public testing::TestWithParam<source_config> {
 protected:
     void SetUp() override { KREG_START_OR_SKIP(source_, GetParam()); }
-    std::unique_ptr<Source> source_;
+    std::unique_ptr<scoped_source> source_;
 };
 
 /* Hazard 2: a dispatch waits on a lock held by a thread that unmaps a
@@ -44,7 +44,7 @@ TEST_P(Lifecycle, MunmapReturnsWhileDispatchWaitsForItsLock)
         ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0, cb, nullptr);
         const size_t len = 4 * page();
         void *a = map_anon(len), *b = map_anon(len);
-        Watch wa, wb;
+        scoped_watch wa, wb;
         if (!wa.watch(a, len) || !wb.watch(b, len)) {
             return 2;
         }
@@ -70,7 +70,7 @@ TEST_P(Lifecycle, SignalStormDoesNotStopTheMonitor)
         struct sigaction sa = {};
         sa.sa_handler = [](int) {};
         sigaction(SIGUSR1, &sa, nullptr); /* no SA_RESTART: EINTR everywhere */
-        EventLog log;
+        event_log log;
         std::atomic<bool> done{false};
         pid_t self = getpid();
         std::thread storm([&] {
@@ -83,7 +83,7 @@ TEST_P(Lifecycle, SignalStormDoesNotStopTheMonitor)
         int missing      = 0;
         for (int i = 0; i < 2000; ++i) {
             void *p = map_anon(len);
-            Watch w(p, len);
+            scoped_watch w(p, len);
             munmap(p, len);
             kreg_prepare_lookup(p, len);
             kreg_sync();
@@ -104,10 +104,10 @@ TEST_P(Lifecycle, StopReportsWatchedRangesAndLeavesWatchesStale)
 {
     KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
     auto r = run_child([] {
-        EventLog log;
+        event_log log;
         const size_t len = 4 * page();
         void *p = map_anon(len);
-        Watch w;
+        scoped_watch w;
         if (!w.watch(p, len)) {
             return 2;
         }
@@ -133,7 +133,7 @@ TEST_P(Lifecycle, StopWhileAHandlerUnmapsWatchedMemory)
         static void *victim;
         static std::atomic<int> in_handler{0};
         victim = map_anon(len);
-        Watch wv(victim, len);
+        scoped_watch wv(victim, len);
         auto cb = [](ucm_event_type_t, ucm_event_t *, void *) {
             if (in_handler.exchange(1) == 0) {
                 usleep(100 * 1000); /* let kreg_stop start meanwhile */
@@ -142,7 +142,7 @@ TEST_P(Lifecycle, StopWhileAHandlerUnmapsWatchedMemory)
         };
         ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0, cb, nullptr);
         void *p = map_anon(len);
-        Watch w(p, len);
+        scoped_watch w(p, len);
         munmap(p, len);
         while (!in_handler.load()) {
             sched_yield();
@@ -158,10 +158,10 @@ TEST_P(Lifecycle, ForkedChildRestartsAndParentKeepsWorking)
     KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
     const size_t len = 4 * page();
     void *p = map_anon(len);
-    Watch pw;
+    scoped_watch pw;
     ASSERT_EQ(1, pw.watch(p, len));
     auto r = run_child([&pw, len] {
-        EventLog log;
+        event_log log;
         /* every watch inherited from the parent is stale in the child */
         if (pw.current()) {
             return 2;
@@ -173,7 +173,7 @@ TEST_P(Lifecycle, ForkedChildRestartsAndParentKeepsWorking)
         }
         /* the child's own source sees the child's unmaps */
         void *q = map_anon(len);
-        Watch w;
+        scoped_watch w;
         if (!w.watch(q, len)) {
             return 4;
         }
@@ -183,7 +183,7 @@ TEST_P(Lifecycle, ForkedChildRestartsAndParentKeepsWorking)
         return log.covers(q, len) ? 0 : 5;
     });
     EXPECT_EQ(0, r.status) << r.output;
-    EventLog log;
+    event_log log;
     EXPECT_TRUE(pw.current()) << "the parent's watch went stale with the fork";
     ASSERT_EQ(0, munmap(p, len));
     kreg_prepare_lookup(p, len);
@@ -204,10 +204,10 @@ TEST_P(Lifecycle, ForkedChildWhoseFirstCallIsStartRuns)
         if (!caps.running || !caps.external_event) {
             return 3;
         }
-        EventLog log;
+        event_log log;
         const size_t len = 4 * page();
         void *q = map_anon(len);
-        Watch w;
+        scoped_watch w;
         if (!w.watch(q, len)) {
             return 4;
         }
@@ -237,13 +237,13 @@ TEST_P(Lifecycle, ForkWaitsForTheMonitorsDispatch)
     ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0, slow, nullptr);
     const size_t len = 4 * page();
     void *p = map_anon(len);
-    Watch w(p, len);
+    scoped_watch w(p, len);
     ASSERT_EQ(0, munmap(p, len));
     while (in_handler.load() == 0) {
         sched_yield(); /* the dispatcher is in the slow handler now */
     }
     auto r = run_child([] {
-        EventLog log; /* takes UCM's event lock for writing */
+        event_log log; /* takes UCM's event lock for writing */
         return 0;
     }, 10);
     EXPECT_EQ(0, r.status) << (r.timed_out() ? "child hung on a lock held at fork" :
@@ -263,7 +263,7 @@ TEST_P(Lifecycle, ForkWaitsForALookupsOwnDispatch)
      * the lookup's check finds it, and dispatches from the caller */
     const size_t len = 4 * page();
     void *p = map_anon(len);
-    Watch w(p, len);
+    scoped_watch w(p, len);
     int id = shmget(IPC_PRIVATE, len, IPC_CREAT | 0600);
     ASSERT_GE(id, 0);
     ASSERT_EQ(p, shmat(id, p, SHM_REMAP));
@@ -281,7 +281,7 @@ TEST_P(Lifecycle, ForkWaitsForALookupsOwnDispatch)
         sched_yield();
     }
     auto r = run_child([] {
-        EventLog log;
+        event_log log;
         return 0;
     }, 10);
     lookup.join();
@@ -307,7 +307,7 @@ TEST_P(Lifecycle, ExitWhileThreadsWatchAndUnwatch)
                     for (;;) {
                         const size_t len = 4 * page();
                         void *p = map_anon(len);
-                        Watch w(p, len);
+                        scoped_watch w(p, len);
                         kreg_prepare_lookup(p, len);
                         munmap(p, len);
                     }
@@ -384,7 +384,7 @@ TEST_P(Lifecycle, StartStopFromManyThreads)
                 failures += kreg_start() != UCS_OK;
                 void *p = map_anon(page());
                 {
-                    Watch w;
+                    scoped_watch w;
                     failures += w.watch(p, page()) != 1;
                 }
                 munmap(p, page());
@@ -404,7 +404,7 @@ TEST_P(Lifecycle, StartStopFromManyThreads)
 TEST_P(Lifecycle, BadInputIsRefusedAndLosesNothing)
 {
     kreg_reason_t why = KREG_REASON_NONE;
-    Watch w;
+    scoped_watch w;
     EXPECT_EQ(0, w.watch(nullptr, 4096, &why));
     EXPECT_EQ(KREG_REASON_BAD_INPUT, why);
     EXPECT_FALSE(w.current()) << "a refused watch must never read as current";
@@ -422,7 +422,7 @@ TEST_P(Lifecycle, BadInputIsRefusedAndLosesNothing)
     EXPECT_EQ(0, kreg_prepare_lookup(nullptr, 0));
 
     /* unaligned: widened to the pages it touches */
-    EventLog log;
+    event_log log;
     char *c = static_cast<char *>(p);
     ASSERT_EQ(1, w.watch(c + 100, 10));
     ASSERT_EQ(0, munmap(c, page()));
@@ -437,9 +437,9 @@ TEST_P(Lifecycle, ProtNoneIsWatchedOrRefusedNeverSilentlyStale)
 {
     void *p = mmap(nullptr, page(), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(MAP_FAILED, p);
-    EventLog log;
+    event_log log;
     kreg_reason_t why;
-    Watch w;
+    scoped_watch w;
     int watched = w.watch(p, page(), &why);
     ASSERT_EQ(0, munmap(p, page()));
     kreg_prepare_lookup(p, page());
@@ -458,16 +458,16 @@ INSTANTIATE_TEST_SUITE_P(Backends, Lifecycle, testing::Values(kUffd, kNotifier),
  * hole mapped later would not be watched, so such a range is refused. */
 TEST(UffdHoles, HoleInRangeIsNotWatched)
 {
-    Source src(kUffd);
+    scoped_source src(kUffd);
     ASSERT_EQ(UCS_OK, src.status());
-    TokenCache cache; /* first: its pools must not fill the hole */
+    token_cache cache; /* first: its pools must not fill the hole */
     for (int attempt = 0;; ++attempt) {
         ASSERT_LT(attempt, 20) << "the hole was always filled by another mapping";
         char *p = static_cast<char *>(map_anon(3 * page()));
         ASSERT_NE(nullptr, p);
         ASSERT_EQ(0, munmap(p + page(), page()));
         kreg_reason_t why;
-        Watch w;
+        scoped_watch w;
         EXPECT_EQ(0, w.watch(p, 3 * page(), &why));
         EXPECT_EQ(KREG_REASON_BAD_INPUT, why);
         /* a cache never caches it */

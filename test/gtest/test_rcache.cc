@@ -1,7 +1,7 @@
 /* A real UCS rcache fed by libucm_kernel: same-thread remaps in every
  * configuration, and the cross-thread window (hazard 1) under stress in the
  * exact ones. The oracle is the token each mapping starts with (see
- * TokenCache); tools/uring_rcache's pinned pages are the other oracle
+ * token_cache); tools/uring_rcache's pinned pages are the other oracle
  * (test_address_space.cc). */
 #include "kreg_test.h"
 
@@ -46,12 +46,12 @@ void *map_with_token(void *hint, size_t len, int flags = 0)
     return p;
 }
 
-class Rcache : public testing::TestWithParam<Config> {
+class Rcache : public testing::TestWithParam<source_config> {
 protected:
     void SetUp() override
     {
         KREG_START_OR_SKIP(source_, GetParam());
-        cache_ = std::make_unique<TokenCache>();
+        cache_ = std::make_unique<token_cache>();
         ASSERT_TRUE(cache_->created());
     }
     void TearDown() override
@@ -59,8 +59,8 @@ protected:
         cache_.reset();
         source_.reset();
     }
-    std::unique_ptr<Source>     source_;
-    std::unique_ptr<TokenCache> cache_;
+    std::unique_ptr<scoped_source>     source_;
+    std::unique_ptr<token_cache> cache_;
 };
 
 const size_t len = 64 * 1024;
@@ -155,7 +155,7 @@ TEST_P(Rcache, UnrelatedUnmapsInFlightDoNotDropAnEntry)
     std::thread churn([&] {
         while (!stop.load()) {
             void *q = map_anon(len);
-            Watch w(q, len);
+            scoped_watch w(q, len);
             syscall(SYS_munmap, q, len);
             ++unmaps;
         }
@@ -180,7 +180,7 @@ TEST_P(Rcache, UnrelatedUnmapsInFlightDoNotDropAnEntry)
 /* The exact configurations, and uffd's plain mode, whose same-thread
  * events are read before the changing call returns. The notifier's plain
  * mode compares nothing and its reader is asynchronous: not here. */
-std::vector<Config> same_thread_configs()
+std::vector<source_config> same_thread_configs()
 {
     auto v = exact_configs();
     v.push_back(kUffdPlain);
@@ -194,19 +194,19 @@ INSTANTIATE_TEST_SUITE_P(Backends, Rcache, testing::ValuesIn(same_thread_configs
  * the same address at once and looks it up. Slots change hands between
  * threads all the time. In the default mode no lookup may ever hit the
  * entry of the previous mapping. */
-struct StressResult {
+struct stress_result {
     uint64_t rounds = 0, stale = 0, cached = 0;
 };
 
-StressResult stress(unsigned rounds_per_thread, bool use_malloc)
+stress_result stress(unsigned rounds_per_thread, bool use_malloc)
 {
     constexpr int nslots = 4;
-    struct Slot {
+    struct stress_slot {
         std::atomic<int> busy{0};
         void            *addr = nullptr;
     } slots[nslots];
     /* before the slots are chosen: its pools must not land on them */
-    TokenCache cache;
+    token_cache cache;
     /* the threads first: their stacks must not land on the slots */
     std::atomic<bool> go{false};
     std::atomic<uint64_t> stale{0}, cached{0}, rounds{0};
@@ -232,7 +232,7 @@ StressResult stress(unsigned rounds_per_thread, bool use_malloc)
     const size_t big = 1 << 20;
     work = [&](unsigned seed) {
         for (unsigned i = 0; i < rounds_per_thread; ++i) {
-            Slot &s = slots[(seed + i) % nslots];
+            stress_slot &s = slots[(seed + i) % nslots];
             int expected = 0;
             if (!s.busy.compare_exchange_strong(expected, 1)) {
                 continue;
@@ -295,7 +295,7 @@ StressResult stress(unsigned rounds_per_thread, bool use_malloc)
     go = true;
     a.join();
     b.join();
-    return StressResult{rounds.load(), stale.load(), cached.load()};
+    return stress_result{rounds.load(), stale.load(), cached.load()};
 }
 
 unsigned stress_rounds()
@@ -304,17 +304,17 @@ unsigned stress_rounds()
     return env ? static_cast<unsigned>(atoi(env)) : 20000;
 }
 
-void report(const StressResult &r)
+void report(const stress_result &r)
 {
     printf("rounds %lu, cached lookups %lu, stale %lu\n",
            static_cast<unsigned long>(r.rounds), static_cast<unsigned long>(r.cached),
            static_cast<unsigned long>(r.stale));
 }
 
-class Stress : public testing::TestWithParam<Config> {
+class Stress : public testing::TestWithParam<source_config> {
 protected:
     void SetUp() override { KREG_START_OR_SKIP(source_, GetParam()); }
-    std::unique_ptr<Source> source_;
+    std::unique_ptr<scoped_source> source_;
 };
 
 TEST_P(Stress, TwoThreadsMmapMunmapLoseNothing)
@@ -351,9 +351,9 @@ INSTANTIATE_TEST_SUITE_P(Exact, Stress, testing::ValuesIn(exact_configs()),
  * returns the old mapping's entry after a raw remap. */
 TEST(Oracle, SeesStaleWhenNothingWatches)
 {
-    Source src(kUffd);
+    scoped_source src(kUffd);
     ASSERT_EQ(UCS_OK, src.status());
-    TokenCache cache(false);
+    token_cache cache(false);
     for (int attempt = 0;; ++attempt) {
         ASSERT_LT(attempt, 20) << "the freed address was always taken first";
         void *p = map_with_token(nullptr, len);

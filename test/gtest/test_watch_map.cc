@@ -3,76 +3,76 @@
 
 #include <gtest/gtest.h>
 
-using kreg::Range;
-using kreg::Ranges;
-using kreg::WatchMap;
+using kreg::page_range;
+using kreg::page_ranges;
+using kreg::watch_map;
 
-TEST(WatchMap, SingleRange)
+TEST(watch_map, SingleRange)
 {
-    WatchMap m;
+    watch_map m;
     m.add(0x1000, 0x3000);
-    EXPECT_EQ(Ranges({{0x1000, 0x3000}}), m.ranges());
-    EXPECT_EQ(Ranges({{0x1000, 0x3000}}), m.remove(0x1000, 0x3000));
+    EXPECT_EQ(page_ranges({{0x1000, 0x3000}}), m.ranges());
+    EXPECT_EQ(page_ranges({{0x1000, 0x3000}}), m.remove(0x1000, 0x3000));
     EXPECT_EQ(0u, m.segments());
 }
 
-TEST(WatchMap, OverlapKeepsSharedPart)
+TEST(watch_map, OverlapKeepsSharedPart)
 {
-    WatchMap m;
+    watch_map m;
     m.add(0x1000, 0x4000);
     m.add(0x2000, 0x6000);
-    EXPECT_EQ(Ranges({{0x1000, 0x6000}}), m.ranges());
+    EXPECT_EQ(page_ranges({{0x1000, 0x6000}}), m.ranges());
     EXPECT_EQ(0x5000u, m.bytes());
     /* dropping the first frees only what the second doesn't cover */
-    EXPECT_EQ(Ranges({{0x1000, 0x2000}}), m.remove(0x1000, 0x4000));
-    EXPECT_EQ(Ranges({{0x2000, 0x6000}}), m.ranges());
-    EXPECT_EQ(Ranges({{0x2000, 0x6000}}), m.remove(0x2000, 0x6000));
+    EXPECT_EQ(page_ranges({{0x1000, 0x2000}}), m.remove(0x1000, 0x4000));
+    EXPECT_EQ(page_ranges({{0x2000, 0x6000}}), m.ranges());
+    EXPECT_EQ(page_ranges({{0x2000, 0x6000}}), m.remove(0x2000, 0x6000));
     EXPECT_TRUE(m.ranges().empty());
 }
 
-TEST(WatchMap, SameRangeTwice)
+TEST(watch_map, SameRangeTwice)
 {
-    WatchMap m;
+    watch_map m;
     m.add(0x1000, 0x2000);
     m.add(0x1000, 0x2000);
     EXPECT_TRUE(m.remove(0x1000, 0x2000).empty());
-    EXPECT_EQ(Ranges({{0x1000, 0x2000}}), m.remove(0x1000, 0x2000));
+    EXPECT_EQ(page_ranges({{0x1000, 0x2000}}), m.remove(0x1000, 0x2000));
 }
 
-TEST(WatchMap, UnknownAndEmptyRangesAreIgnored)
+TEST(watch_map, UnknownAndEmptyRangesAreIgnored)
 {
-    WatchMap m;
+    watch_map m;
     EXPECT_TRUE(m.remove(0x1000, 0x2000).empty());
     m.add(0x3000, 0x3000);
     EXPECT_EQ(0u, m.segments());
     m.add(0x1000, 0x2000);
     EXPECT_TRUE(m.remove(0x5000, 0x9000).empty());
-    EXPECT_EQ(Ranges({{0x1000, 0x2000}}), m.ranges());
+    EXPECT_EQ(page_ranges({{0x1000, 0x2000}}), m.ranges());
 }
 
-TEST(WatchMap, RemovingAPartSplits)
+TEST(watch_map, RemovingAPartSplits)
 {
-    WatchMap m;
+    watch_map m;
     m.add(0x1000, 0x5000);
-    EXPECT_EQ(Ranges({{0x2000, 0x3000}}), m.remove(0x2000, 0x3000));
-    EXPECT_EQ(Ranges({{0x1000, 0x2000}, {0x3000, 0x5000}}), m.ranges());
+    EXPECT_EQ(page_ranges({{0x2000, 0x3000}}), m.remove(0x2000, 0x3000));
+    EXPECT_EQ(page_ranges({{0x1000, 0x2000}, {0x3000, 0x5000}}), m.ranges());
 }
 
-TEST(WatchMap, GapsAreFilled)
+TEST(watch_map, GapsAreFilled)
 {
-    WatchMap m;
+    watch_map m;
     m.add(0x1000, 0x2000);
     m.add(0x3000, 0x4000);
     m.add(0x0000, 0x5000);
-    EXPECT_EQ(Ranges({{0x0000, 0x5000}}), m.ranges());
-    EXPECT_EQ(Ranges({{0x0000, 0x1000}, {0x2000, 0x3000}, {0x4000, 0x5000}}),
+    EXPECT_EQ(page_ranges({{0x0000, 0x5000}}), m.ranges());
+    EXPECT_EQ(page_ranges({{0x0000, 0x1000}, {0x2000, 0x3000}, {0x4000, 0x5000}}),
               m.remove(0x0000, 0x5000));
-    EXPECT_EQ(Ranges({{0x1000, 0x2000}, {0x3000, 0x4000}}), m.ranges());
+    EXPECT_EQ(page_ranges({{0x1000, 0x2000}, {0x3000, 0x4000}}), m.ranges());
 }
 
-TEST(WatchMap, Overlaps)
+TEST(watch_map, Overlaps)
 {
-    WatchMap m;
+    watch_map m;
     EXPECT_FALSE(m.overlaps(0x1000, 0x2000));
     m.add(0x2000, 0x4000);
     EXPECT_FALSE(m.overlaps(0x1000, 0x2000));
