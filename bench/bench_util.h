@@ -8,6 +8,7 @@
 
 #include "ucm_kernel/ucm_kernel.h"
 #include "tools/child_process.h"
+#include "tools/rcache_params.h"
 
 #include <algorithm>
 #include <atomic>
@@ -345,19 +346,8 @@ inline const ucs_rcache_ops_t *cache_ops()
  * with UCX's default UCM settings, installs UCM's hooks. */
 inline bool cache_create(bench_cache *c, bool kernel, const char *name)
 {
-    ucs_rcache_params_t p;
-    memset(&p, 0, sizeof(p));
-    p.region_struct_size = sizeof(bench_region);
-    p.alignment          = page_size();
-    p.max_alignment      = page_size();
-    p.ucm_events         = UCM_EVENT_VM_UNMAPPED;
-    p.ucm_event_priority = 1000;
-    p.ops                = cache_ops();
-    p.context            = c;
-    p.flags              = 0;
-    p.max_regions        = ULONG_MAX;
-    p.max_size           = SIZE_MAX;
-    p.max_unreleased     = SIZE_MAX;
+    const ucs_rcache_params_t p =
+            kreg_tools::watched_rcache_params(sizeof(bench_region), cache_ops(), c);
     c->kernel            = kernel;
     ucs_status_t st      = ucs_rcache_create(&p, name, nullptr, &c->rc);
     if (st != UCS_OK) {

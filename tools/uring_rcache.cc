@@ -1,4 +1,5 @@
 #include "uring_rcache.h"
+#include "rcache_params.h"
 
 #include "ucm_kernel/ucm_kernel.h"
 
@@ -170,19 +171,8 @@ uring_rcache::uring_rcache(source src, unsigned slots) : m_src(src)
          * transfer goes uncached: slow but correct. */
     }
 
-    long page = sysconf(_SC_PAGESIZE);
-    ucs_rcache_params_t params = {};
-    params.region_struct_size = sizeof(region);
-    params.alignment          = page;
-    params.max_alignment      = page;
-    params.ucm_events         = UCM_EVENT_VM_UNMAPPED;
-    params.ucm_event_priority = 1000;
-    params.ops                = &rcache_ops;
-    params.context            = this;
-    params.flags              = 0;
-    params.max_regions        = (unsigned long)-1;
-    params.max_size           = (size_t)-1;
-    params.max_unreleased     = (size_t)-1;
+    const ucs_rcache_params_t params =
+            kreg_tools::watched_rcache_params(sizeof(region), &rcache_ops, this);
     ucs_status_t st = ucs_rcache_create(&params, "kreg_uring", nullptr,
                                         &m_rcache);
     if ((st != UCS_OK) && (src == source::kernel) && !kreg_running()) {

@@ -4,6 +4,7 @@
  * follows (kreg_register_watched on a miss, kreg_rcache_get on a lookup). */
 #include "backend.h"
 #include "options.h"
+#include "page.h"
 #include "source.h"
 
 #include <atomic>
@@ -30,12 +31,6 @@ library_counters &counters()
 {
     static library_counters *const c = new library_counters; /* never destroyed */
     return *c;
-}
-
-size_t page_size()
-{
-    static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    return size;
 }
 
 /* [addr, addr+len) widened to pages; false on NULL, 0 or wrap-around */

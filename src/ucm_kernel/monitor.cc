@@ -1,6 +1,7 @@
 #include "monitor.h"
 
 #include "dispatch.h"
+#include "page.h"
 #include "uffd.h"
 
 #include <algorithm>
@@ -210,7 +211,7 @@ void monitor::handle_msgs(const void *buf, size_t n)
             /* Never expected: no page is write-protected. Resolve it so the
              * faulting thread goes on. */
             events_[KREG_EV_UNEXPECTED].fetch_add(1, std::memory_order_relaxed);
-            const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+            const uintptr_t page = static_cast<uintptr_t>(page_size());
             struct uffdio_writeprotect wp = {};
             wp.range.start = m.arg.pagefault.address & ~(page - 1);
             wp.range.len   = page;

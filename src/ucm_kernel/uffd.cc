@@ -1,4 +1,5 @@
 #include "uffd.h"
+#include "page.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -55,12 +56,6 @@ int api_handshake(int fd, uint64_t want, uint64_t *granted)
     }
     *granted = api.features;
     return 0;
-}
-
-size_t page_size()
-{
-    static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    return size;
 }
 
 } // namespace

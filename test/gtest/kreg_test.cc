@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "kmod/uapi/kreg_notifier.h"
+#include "tools/rcache_params.h"
 
 namespace kreg_test {
 
@@ -167,18 +168,8 @@ token_cache::token_cache(bool watched) : watched_(watched)
 {
     static const ucs_rcache_ops_t ops = {mem_reg, mem_dereg, dump};
 
-    ucs_rcache_params_t params = {};
-    params.region_struct_size = sizeof(token_region);
-    params.alignment          = page();
-    params.max_alignment      = page();
-    params.ucm_events         = UCM_EVENT_VM_UNMAPPED;
-    params.ucm_event_priority = 1000;
-    params.ops                = &ops;
-    params.context            = this;
-    params.flags              = 0;
-    params.max_regions        = ULONG_MAX;
-    params.max_size           = SIZE_MAX;
-    params.max_unreleased     = SIZE_MAX;
+    const ucs_rcache_params_t params =
+            kreg_tools::watched_rcache_params(sizeof(token_region), &ops, this);
     ucs_status_t st = ucs_rcache_create(&params, "kreg_test", nullptr, &rcache_);
     if (st != UCS_OK) {
         /* as UCX's md does: no cache, every registration uncached */

@@ -9,6 +9,7 @@
  */
 #include "ib_regcache.h"
 #include "ucx_layer.h"
+#include "kreg_config.h" /* KREG_UCX_BUILD_VERSION, the one UCX built against */
 
 #include <ucp/api/ucp.h>
 #include <ucs/debug/log_def.h>
