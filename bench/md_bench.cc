@@ -39,7 +39,7 @@
 #include <dlfcn.h>
 #include <map>
 
-using namespace kb;
+using namespace bench;
 
 namespace {
 
@@ -178,23 +178,12 @@ int parent(int reps, const std::string &lib, const std::string &device,
             }
             child_result res = kreg_tools::run_self("md-bench-child", args,
                                                    child_env(cfg), 120, true);
-            size_t pos = 0;
-            while (pos < res.output.size()) {
-                size_t eol = res.output.find('\n', pos);
-                if (eol == std::string::npos) {
-                    eol = res.output.size();
-                }
-                const std::string line = res.output.substr(pos, eol - pos);
-                pos = eol + 1;
-                double v;
-                if (sscanf(line.c_str(), "R md_hit_64k %lf", &v) == 1) {
-                    run[cfg] = v;
-                } else if ((line.rfind("# backend:", 0) == 0) && (cfg == "default")) {
-                    backend_line = line;
-                } else if (!line.empty() && (line[0] != '#')) {
-                    fprintf(stderr, "[%s] %s\n", cfg.c_str(), line.c_str());
-                }
-            }
+            read_child_results(res.output, cfg, &backend_line,
+                               [&](const char *key, double v) {
+                                   if (strcmp(key, "md_hit_64k") == 0) {
+                                       run[cfg] = v;
+                                   }
+                               });
             if (res.status != 0) {
                 fprintf(stderr, "md_bench: child %s exited with %d\n", cfg.c_str(),
                         res.status);

@@ -1,0 +1,20 @@
+/* kreg_bench: the parent (kreg_bench.cc) and the children that measure
+ * (kreg_bench_measure.cc). */
+#ifndef UCX_KREG_BENCH_KREG_BENCH_H
+#define UCX_KREG_BENCH_KREG_BENCH_H
+
+#include <string>
+
+namespace bench {
+
+extern double g_target_ms; /* wall time of one measurement */
+extern int    g_inner;     /* measurements per child, median printed */
+
+/* Runs the measurements of one configuration and prints them as "R KEY
+ * NS" lines; the exit code for the parent (non-zero: a check inside a
+ * measurement failed). */
+int child(const std::string &config);
+
+} // namespace bench
+
+#endif

@@ -1,0 +1,344 @@
+/* kreg_bench's children: the measurements P1 to P4, one configuration per
+ * process (see kreg_bench.cc for what they print, bench/README.md for what
+ * each measures). */
+#include "kreg_bench.h"
+
+#include "bench_cache.h"
+
+#include <sched.h>
+
+namespace bench {
+
+double g_target_ms = 60; /* wall time of one measurement */
+int    g_inner     = 3;  /* measurements per child, median printed */
+
+namespace {
+
+bool g_failed = false; /* a check inside a measurement went wrong */
+
+void result(const std::string &key, double ns)
+{
+    printf("R %s %.2f\n", key.c_str(), ns);
+    fflush(stdout);
+}
+
+/* f(n) runs n operations and returns the ns they took (may time only a part
+ * of each). Calibrated on wall time to ~g_target_ms; median of g_inner. */
+template <class F> double per_op(F &&f)
+{
+    uint64_t n = 1;
+    for (;;) {
+        const uint64_t t0 = now_ns();
+        f(n);
+        const double wall = static_cast<double>(now_ns() - t0);
+        if (wall > 5e6 || n > (1ull << 30)) {
+            n = std::max<uint64_t>(1, static_cast<uint64_t>(n * g_target_ms * 1e6 / wall));
+            break;
+        }
+        n *= 4;
+    }
+    std::vector<double> v;
+    for (int i = 0; i < g_inner; ++i) {
+        v.push_back(static_cast<double>(f(n)) / static_cast<double>(n));
+    }
+    return median(v);
+}
+
+/* ---- P1: unregistered memory ------------------------------------------ */
+
+void measure_unregistered()
+{
+    result("P1.malloc_free_300k", per_op([](uint64_t n) {
+        const uint64_t t0 = now_ns();
+        for (uint64_t i = 0; i < n; ++i) {
+            char *p = static_cast<char *>(malloc(300 * 1024));
+            p[0] = 1;
+            escape(p);
+            free(p);
+        }
+        return now_ns() - t0;
+    }));
+    /* the same, with the whole buffer written each time */
+    result("P1.malloc_touch_free_300k", per_op([](uint64_t n) {
+        const uint64_t t0 = now_ns();
+        for (uint64_t i = 0; i < n; ++i) {
+            char *p = static_cast<char *>(malloc(300 * 1024));
+            for (size_t off = 0; off < 300 * 1024; off += page_size()) {
+                p[off] = 1;
+            }
+            escape(p);
+            free(p);
+        }
+        return now_ns() - t0;
+    }));
+    for (size_t size : {page_size(), size_t(1) << 20}) {
+        const std::string key = size == page_size() ? "P1.mmap_munmap_4k" :
+                                                      "P1.mmap_munmap_1m";
+        result(key, per_op([size](uint64_t n) {
+            const uint64_t t0 = now_ns();
+            for (uint64_t i = 0; i < n; ++i) {
+                char *p = static_cast<char *>(mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                                                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+                if (p == MAP_FAILED) {
+                    die("mmap");
+                }
+                p[0] = 1;
+                munmap(p, size);
+            }
+            return now_ns() - t0;
+        }));
+    }
+}
+
+/* ---- P2: cache hits ---------------------------------------------------- */
+
+void measure_hits(bench_cache *c)
+{
+    for (size_t size : {size_t(64) << 10, size_t(1) << 20}) {
+        const std::string key = size == (64u << 10) ? "P2.hit_64k" : "P2.hit_1m";
+        char *buf = static_cast<char *>(mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        if (buf == MAP_FAILED) {
+            die("mmap");
+        }
+        memset(buf, 1, size);
+        bench_region *r;
+        if (cache_get(c, buf, size, &r) != UCS_OK) {
+            fprintf(stderr, "bench: %s: first registration failed\n", key.c_str());
+            g_failed = true;
+            munmap(buf, size);
+            continue;
+        }
+        cache_put(c, r);
+        const uint64_t regs = c->regs.load();
+        result(key, per_op([c, buf, size](uint64_t n) {
+            const uint64_t t0 = now_ns();
+            for (uint64_t i = 0; i < n; ++i) {
+                bench_region *h;
+                if (cache_get(c, buf, size, &h) == UCS_OK) {
+                    cache_put(c, h);
+                }
+            }
+            return now_ns() - t0;
+        }));
+        if (c->regs.load() != regs) {
+            fprintf(stderr, "bench: %s: %lu of the hits were misses\n", key.c_str(),
+                    static_cast<unsigned long>(c->regs.load() - regs));
+            g_failed = true;
+        }
+        munmap(buf, size);
+    }
+}
+
+/* ---- P3: freeing a cached buffer --------------------------------------- */
+
+struct probe {
+    std::atomic<uintptr_t> start{0}, end{0};
+    std::atomic<uint64_t>  seen{0};
+};
+probe g_probe;
+
+/* Runs after the rcache's own handler (priority 1000 < 2000). */
+void probe_cb(ucm_event_type_t type, ucm_event_t *ev, void *arg)
+{
+    const uintptr_t s = reinterpret_cast<uintptr_t>(ev->vm_unmapped.address);
+    const uintptr_t e = s + ev->vm_unmapped.size;
+    if ((s < g_probe.end.load()) && (e > g_probe.start.load())) {
+        g_probe.seen.fetch_add(1);
+    }
+}
+
+bool wait_probe(uint64_t target)
+{
+    const uint64_t t0 = now_ns();
+    for (unsigned i = 0; g_probe.seen.load() < target; ++i) {
+        if (i > 2000) {
+            sched_yield();
+            if (now_ns() - t0 > 5000000000ull) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+void measure_free_cached(bench_cache *c)
+{
+    const size_t size = 1u << 20;
+    if (ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED | UCM_EVENT_FLAG_NO_INSTALL, 2000,
+                              probe_cb, nullptr) != UCS_OK) {
+        fprintf(stderr, "bench: cannot add the UCM probe handler\n");
+        g_failed = true;
+        return;
+    }
+    uint64_t misses_missing = 0;
+    uint64_t lost           = 0;
+    std::vector<double> only, full;
+    auto run = [&](uint64_t n, uint64_t *acc_only, uint64_t *acc_full) {
+        for (uint64_t i = 0; i < n; ++i) {
+            char *p = static_cast<char *>(mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+            if (p == MAP_FAILED) {
+                die("mmap");
+            }
+            memset(p, static_cast<int>(i), size);
+            const uint64_t regs = c->regs.load();
+            bench_region *r;
+            if (cache_get(c, p, size, &r) != UCS_OK) {
+                die("P3 registration");
+            }
+            cache_put(c, r);
+            if (c->regs.load() == regs) {
+                ++misses_missing; /* a stale hit on the last buffer */
+            }
+            g_probe.start = reinterpret_cast<uintptr_t>(p);
+            g_probe.end   = reinterpret_cast<uintptr_t>(p) + size;
+            const uint64_t target = g_probe.seen.load() + 1;
+            const uint64_t t0     = now_ns();
+            munmap(p, size);
+            const uint64_t t1 = now_ns();
+            if (!wait_probe(target)) {
+                ++lost;
+            }
+            const uint64_t t2 = now_ns();
+            *acc_only += t1 - t0;
+            *acc_full += t2 - t0;
+        }
+    };
+    /* calibrate on the full loop, then g_inner measurements */
+    double last_only = 0;
+    const double full_ns = per_op([&](uint64_t n) {
+        uint64_t a = 0, b = 0;
+        run(n, &a, &b);
+        last_only = static_cast<double>(a) / static_cast<double>(n);
+        only.push_back(last_only);
+        return b;
+    });
+    /* `only` holds the calibration runs too; keep the last g_inner */
+    only.erase(only.begin(), only.end() - std::min<size_t>(only.size(), g_inner));
+    result("P3.munmap_1m", median(only));
+    result("P3.munmap_1m_to_rcache", full_ns);
+    ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, probe_cb, nullptr);
+    if (misses_missing || lost) {
+        fprintf(stderr, "bench: P3: %lu registrations hit a stale region, %lu "
+                "invalidations never reached the rcache (5 s)\n",
+                static_cast<unsigned long>(misses_missing),
+                static_cast<unsigned long>(lost));
+        g_failed = true;
+    }
+}
+
+/* ---- P4: the watch in a registration miss ------------------------------ */
+
+void noop_comp(void *) {}
+
+void measure_miss_watch()
+{
+    const size_t size = 64u << 10;
+    page_pinner pin_w, pin_n;
+    if (!pin_w.open(16) || !pin_n.open(16)) {
+        fprintf(stderr, "bench: P4 needs io_uring fixed buffers\n");
+        g_failed = true;
+        return;
+    }
+    bench_cache cw, cn;
+    cw.pinner = &pin_w;
+    cn.pinner = &pin_n;
+    cn.watch  = false;
+    if (!cache_create(&cw, true, "kreg_bench_p4w") ||
+        !cache_create(&cn, true, "kreg_bench_p4n")) {
+        g_failed = true;
+        return;
+    }
+    char *buf = static_cast<char *>(mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (buf == MAP_FAILED) {
+        die("mmap");
+    }
+    memset(buf, 1, size);
+    auto loop = [buf, size](bench_cache *c, uint64_t n) {
+        const uint64_t regs = c->regs.load();
+        const uint64_t t0   = now_ns();
+        for (uint64_t i = 0; i < n; ++i) {
+            ucs_rcache_region_t *r;
+            if (ucs_rcache_get(c->rc, buf, size, PROT_READ | PROT_WRITE, nullptr,
+                               &r) != UCS_OK) {
+                die("P4 registration");
+            }
+            ucs_rcache_region_invalidate(c->rc, r, noop_comp, nullptr);
+            ucs_rcache_region_put(c->rc, r);
+        }
+        const uint64_t dt = now_ns() - t0;
+        if (c->regs.load() - regs != n) {
+            fprintf(stderr, "bench: P4: %lu misses for %lu gets\n",
+                    static_cast<unsigned long>(c->regs.load() - regs),
+                    static_cast<unsigned long>(n));
+            g_failed = true;
+        }
+        return dt;
+    };
+    /* alternate the two, g_inner times each */
+    std::vector<double> w, nw;
+    const int inner = g_inner;
+    g_inner         = 1;
+    for (int i = 0; i < inner; ++i) {
+        w.push_back(per_op([&](uint64_t n) { return loop(&cw, n); }));
+        nw.push_back(per_op([&](uint64_t n) { return loop(&cn, n); }));
+    }
+    g_inner = inner;
+    result("P4.miss_64k_watch", median(w));
+    result("P4.miss_64k_nowatch", median(nw));
+    if (cw.deregs.load() != cw.regs.load() || cn.deregs.load() != cn.regs.load()) {
+        fprintf(stderr, "bench: P4: registrations left over\n");
+        g_failed = true;
+    }
+    cache_destroy(&cw);
+    cache_destroy(&cn);
+    munmap(buf, size);
+    pin_w.close();
+    pin_n.close();
+}
+
+} // namespace
+
+int child(const std::string &config)
+{
+    if (config == "no_ucx") {
+        measure_unregistered();
+        return 0;
+    }
+    const bool kernel = is_kernel_config(config);
+    if (kernel && !kernel_start(config)) {
+        return 3;
+    }
+    bench_cache c;
+    if (!cache_create(&c, kernel, "kreg_bench")) {
+        if (kernel) {
+            kreg_stop();
+        }
+        return 3;
+    }
+    const bool full = (config == "hooks") || (config == "default") || (config == "uffd");
+    if ((config == "hooks") || (config == "default")) {
+        measure_unregistered();
+    }
+    measure_hits(&c);
+    if (full) {
+        measure_free_cached(&c);
+    }
+    if (kernel && full) {
+        measure_miss_watch();
+    }
+    cache_destroy(&c);
+    if (kernel) {
+        if (c.refusals.load()) {
+            fprintf(stderr, "bench: %lu watches refused\n",
+                    static_cast<unsigned long>(c.refusals.load()));
+            g_failed = true;
+        }
+        kreg_stop();
+    }
+    return g_failed ? 4 : 0;
+}
+
+} // namespace bench
