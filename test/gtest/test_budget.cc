@@ -1,4 +1,4 @@
-/* The address space is the application's (hazard 7): watches never cost
+/* The address space is the application's: watches never cost
  * it its own mappings, and a watch that fails half-way leaves nothing
  * behind. Each case runs in a child: they fill the address space. */
 #include "kreg_test.h"

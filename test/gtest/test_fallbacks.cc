@@ -1,4 +1,4 @@
-/* Hazard 4: where the kernel won't watch, a clear log line and an uncached
+/* No kernel support: where the kernel won't watch, a clear log line and an uncached
  * registration, never a cached one. Each case runs in a child process. */
 #include "kreg_config.h"
 #include "kreg_test.h"

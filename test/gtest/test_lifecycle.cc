@@ -1,5 +1,5 @@
-/* Deadlock (hazard 2), the monitor's life (hazard 5), fork, exec, exit with
- * live threads, and bad input to every entry point, per backend. */
+/* Deadlock, the reader outliving every watch (the monitor's life), fork,
+ * exec, exit with live threads, and bad input to every entry point, per backend. */
 #include "kreg_test.h"
 
 #include <csignal>
@@ -27,7 +27,7 @@ protected:
     std::unique_ptr<scoped_source> source_;
 };
 
-/* Hazard 2: a dispatch waits on a lock held by a thread that unmaps a
+/* Deadlock: a dispatch waits on a lock held by a thread that unmaps a
  * watched range while holding it. That unmap must still return. */
 TEST_P(Lifecycle, MunmapReturnsWhileDispatchWaitsForItsLock)
 {
@@ -62,7 +62,8 @@ TEST_P(Lifecycle, MunmapReturnsWhileDispatchWaitsForItsLock)
                                                r.output);
 }
 
-/* Hazard 5: signals never stop the monitor; every munmap returns. */
+/* The reader must outlive every watch: signals never stop the monitor;
+ * every munmap returns. */
 TEST_P(Lifecycle, SignalStormDoesNotStopTheMonitor)
 {
     KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
@@ -97,8 +98,8 @@ TEST_P(Lifecycle, SignalStormDoesNotStopTheMonitor)
     EXPECT_EQ(0, r.status) << r.output;
 }
 
-/* Hazard 5: the last stop closes the kernel side, so watched ranges stop
- * blocking munmap, nothing stays cached unwatched, and every watch still
+/* The reader must outlive every watch: the last stop closes the kernel
+ * side, so watched ranges stop blocking munmap, nothing stays cached unwatched, and every watch still
  * held by a cache is stale. */
 TEST_P(Lifecycle, StopReportsWatchedRangesAndLeavesWatchesStale)
 {

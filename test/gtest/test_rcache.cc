@@ -1,5 +1,5 @@
 /* A real UCS rcache fed by libucm_kernel: same-thread remaps in every
- * configuration, and the cross-thread window (hazard 1) under stress in the
+ * configuration, and the cross-thread window under stress in the
  * exact ones. The oracle is the token each mapping starts with (see
  * token_cache); tools/uring_rcache's pinned pages are the other oracle
  * (test_address_space.cc). */
@@ -190,7 +190,7 @@ std::vector<source_config> same_thread_configs()
 INSTANTIATE_TEST_SUITE_P(Backends, Rcache, testing::ValuesIn(same_thread_configs()),
                          config_name);
 
-/* Hazard 1 under stress: thread A unmaps with a raw syscall, thread B maps
+/* The cross-thread window under stress: thread A unmaps with a raw syscall, thread B maps
  * the same address at once and looks it up. Slots change hands between
  * threads all the time. In the default mode no lookup may ever hit the
  * entry of the previous mapping. */

@@ -1,5 +1,6 @@
 /*
- * UCX's stock "ib" md next to this library (DESIGN.md, hazard 3).
+ * UCX's stock "ib" md next to this library (doc/design.md: every
+ * rcache of the process relies on the external event).
  *
  * Once libucm_kernel declares UCM_EVENT_VM_UNMAPPED external, UCM installs
  * no hooks for a new rcache: the unmap events reach every rcache in the
