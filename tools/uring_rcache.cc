@@ -132,7 +132,7 @@ static const ucs_rcache_ops_t rcache_ops = {
     uring_rcache_ops::dump_region,
 };
 
-static bool kreg_running();
+static bool kernel_source_running();
 
 uring_rcache::uring_rcache(source src, unsigned slots) : m_src(src)
 {
@@ -175,7 +175,7 @@ uring_rcache::uring_rcache(source src, unsigned slots) : m_src(src)
             kreg_tools::watched_rcache_params(sizeof(region), &rcache_ops, this);
     ucs_status_t st = ucs_rcache_create(&params, "kreg_uring", nullptr,
                                         &m_rcache);
-    if ((st != UCS_OK) && (src == source::kernel) && !kreg_running()) {
+    if ((st != UCS_OK) && (src == source::kernel) && !kernel_source_running()) {
         /* kreg_start() failed, so nothing declared the event external and
          * (hooks off) UCM can't deliver it: run without a cache, as UCX's
          * md does when it can't create its rcache. Slow, never stale. */
@@ -189,7 +189,7 @@ uring_rcache::uring_rcache(source src, unsigned slots) : m_src(src)
     }
 }
 
-static bool kreg_running()
+static bool kernel_source_running()
 {
     kreg_caps_t caps;
     kreg_query(&caps);

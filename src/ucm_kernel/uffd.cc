@@ -46,7 +46,9 @@ constexpr uint64_t required_features =
 constexpr uint64_t kPmPresent   = 1ull << 63;
 constexpr uint64_t kPmPageCache = 1ull << 61;
 
-int api_handshake(int fd, uint64_t want, uint64_t *granted)
+/* UFFDIO_API asking for `want`; *kernel_features (if given): what the
+ * kernel answered. Returns 0 or an errno. */
+int api_handshake(int fd, uint64_t want, uint64_t *kernel_features)
 {
     struct uffdio_api api = {};
     api.api      = UFFD_API;
@@ -54,7 +56,9 @@ int api_handshake(int fd, uint64_t want, uint64_t *granted)
     if (ioctl(fd, UFFDIO_API, &api) != 0) {
         return errno;
     }
-    *granted = api.features;
+    if (kernel_features != nullptr) {
+        *kernel_features = api.features;
+    }
     return 0;
 }
 
@@ -162,8 +166,7 @@ bool uffd::open(const uffd_options &opts)
         err = errno;
         return fail(reason_of(err), std::string("userfaultfd: ") + strerror(err));
     }
-    uint64_t granted = 0;
-    err = api_handshake(fd, want, &granted);
+    err = api_handshake(fd, want, nullptr); /* success: `want` is enabled */
     if (err != 0) {
         ::close(fd);
         return fail(reason_of(err), std::string("UFFDIO_API: ") + strerror(err));

@@ -84,7 +84,7 @@ int main(int argc, char **argv)
     /* 1. data */
     for (k = 0; k < NSIZES; ++k) {
         size_t len = sizes[k];
-        uint8_t *buf = kreg_libc_mmap(len);
+        uint8_t *buf = libc_mmap(len);
         int rep;
 
         if (buf == MAP_FAILED) {
@@ -94,7 +94,7 @@ int main(int argc, char **argv)
         for (rep = 0; rep < 2; ++rep) {
             uint32_t seed = 7 + 2 * k + rep;
             if (rank == 0) {
-                kreg_fill(buf, len, seed);
+                pattern_fill(buf, len, seed);
                 MPI_Send(buf, (int)len, MPI_BYTE, 1, TAG_DATA + k, MPI_COMM_WORLD);
             } else {
                 MPI_Status st;
@@ -105,7 +105,7 @@ int main(int argc, char **argv)
                 MPI_Recv(buf, (int)len, MPI_BYTE, 0, TAG_DATA + k, MPI_COMM_WORLD,
                          &st);
                 MPI_Get_count(&st, MPI_BYTE, &count);
-                bad = kreg_first_bad(buf, len, seed);
+                bad = pattern_first_bad(buf, len, seed);
                 if ((count != (int)len) || (bad != len)) {
                     printf("error: data %zu B send %d: %d bytes received, byte "
                            "%zu wrong\n", len, rep + 1, count, bad);
@@ -120,30 +120,30 @@ int main(int argc, char **argv)
     if (rank == 0) {
         for (i = 0; i < rounds; ++i) {
             uint32_t old_seed = 1000 + 2 * i, new_seed = old_seed + 1;
-            void *buf = kreg_libc_mmap(REMAP_LEN);
+            void *buf = libc_mmap(REMAP_LEN);
             int remapped;
 
             if (buf == MAP_FAILED) {
                 perror("mmap");
                 MPI_Abort(MPI_COMM_WORLD, 1);
             }
-            kreg_fill(buf, REMAP_LEN, old_seed);
+            pattern_fill(buf, REMAP_LEN, old_seed);
             MPI_Send(buf, REMAP_LEN, MPI_BYTE, 1, TAG_FIRST + i, MPI_COMM_WORLD);
-            remapped = kreg_raw_remap(buf, REMAP_LEN);
+            remapped = raw_remap(buf, REMAP_LEN);
             if (!remapped) {
-                buf = kreg_libc_mmap(REMAP_LEN); /* not a round: new bytes elsewhere */
+                buf = libc_mmap(REMAP_LEN); /* not a round: new bytes elsewhere */
                 if (buf == MAP_FAILED) {
                     perror("mmap");
                     MPI_Abort(MPI_COMM_WORLD, 1);
                 }
             }
-            kreg_fill(buf, REMAP_LEN, new_seed);
+            pattern_fill(buf, REMAP_LEN, new_seed);
             MPI_Send(&remapped, 1, MPI_INT, 1, TAG_FLAG + i, MPI_COMM_WORLD);
             MPI_Send(buf, REMAP_LEN, MPI_BYTE, 1, TAG_SECOND + i, MPI_COMM_WORLD);
             munmap(buf, REMAP_LEN);
         }
     } else {
-        uint8_t *rbuf = kreg_libc_mmap(REMAP_LEN); /* one receive buffer: never reused */
+        uint8_t *rbuf = libc_mmap(REMAP_LEN); /* one receive buffer: never reused */
 
         if (rbuf == MAP_FAILED) {
             perror("mmap");
@@ -157,7 +157,7 @@ int main(int argc, char **argv)
             memset(rbuf, 0, REMAP_LEN);
             MPI_Recv(rbuf, REMAP_LEN, MPI_BYTE, 0, TAG_FIRST + i, MPI_COMM_WORLD,
                      MPI_STATUS_IGNORE);
-            bad = kreg_first_bad(rbuf, REMAP_LEN, old_seed);
+            bad = pattern_first_bad(rbuf, REMAP_LEN, old_seed);
             if (bad != REMAP_LEN) {
                 printf("error: round %d: the first send (before the remap) has "
                        "byte %zu wrong\n", i, bad);
@@ -168,10 +168,10 @@ int main(int argc, char **argv)
             memset(rbuf, 0, REMAP_LEN);
             MPI_Recv(rbuf, REMAP_LEN, MPI_BYTE, 0, TAG_SECOND + i, MPI_COMM_WORLD,
                      MPI_STATUS_IGNORE);
-            if (kreg_first_bad(rbuf, REMAP_LEN, new_seed) == REMAP_LEN) {
+            if (pattern_first_bad(rbuf, REMAP_LEN, new_seed) == REMAP_LEN) {
                 /* current */
             } else if (remapped &&
-                       (kreg_first_bad(rbuf, REMAP_LEN, old_seed) == REMAP_LEN)) {
+                       (pattern_first_bad(rbuf, REMAP_LEN, old_seed) == REMAP_LEN)) {
                 ++res[1];
             } else {
                 ++res[2];

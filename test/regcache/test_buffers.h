@@ -3,8 +3,8 @@
  * and C++): a byte pattern in which a stale or shifted copy shows, libc's
  * mmap (which UCX's hooks see) and the remap no hook sees.
  */
-#ifndef KREG_TEST_BUFFERS_H
-#define KREG_TEST_BUFFERS_H
+#ifndef TEST_REGCACHE_TEST_BUFFERS_H
+#define TEST_REGCACHE_TEST_BUFFERS_H
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -16,25 +16,25 @@
 #include <unistd.h>
 
 /* Byte i of message `seed`. */
-static inline uint8_t kreg_pattern(uint32_t seed, size_t i)
+static inline uint8_t pattern_byte(uint32_t seed, size_t i)
 {
     return (uint8_t)(seed * 0x9e3779b1u + i * 131u + (i >> 12) * 7u);
 }
 
-static inline void kreg_fill(void *buf, size_t len, uint32_t seed)
+static inline void pattern_fill(void *buf, size_t len, uint32_t seed)
 {
     uint8_t *p = (uint8_t*)buf;
     for (size_t i = 0; i < len; ++i) {
-        p[i] = kreg_pattern(seed, i);
+        p[i] = pattern_byte(seed, i);
     }
 }
 
 /* Index of the first byte that differs from the pattern, or len. */
-static inline size_t kreg_first_bad(const void *buf, size_t len, uint32_t seed)
+static inline size_t pattern_first_bad(const void *buf, size_t len, uint32_t seed)
 {
     const uint8_t *p = (const uint8_t*)buf;
     for (size_t i = 0; i < len; ++i) {
-        if (p[i] != kreg_pattern(seed, i)) {
+        if (p[i] != pattern_byte(seed, i)) {
             return i;
         }
     }
@@ -42,7 +42,7 @@ static inline size_t kreg_first_bad(const void *buf, size_t len, uint32_t seed)
 }
 
 /* libc's mmap, which UCX's (and Open MPI's) hooks see. */
-static inline void *kreg_libc_mmap(size_t len)
+static inline void *libc_mmap(size_t len)
 {
     return mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                 -1, 0);
@@ -51,7 +51,7 @@ static inline void *kreg_libc_mmap(size_t len)
 /* Unmaps buf by the raw syscall and maps fresh anonymous memory at the same
  * address (MAP_FIXED_NOREPLACE), which no hook sees, only the kernel; 0 if
  * another mapping took the address meanwhile (buf is gone then). */
-static inline int kreg_raw_remap(void *buf, size_t len)
+static inline int raw_remap(void *buf, size_t len)
 {
     long r;
 

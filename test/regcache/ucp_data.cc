@@ -280,9 +280,9 @@ void data_tests(peers &p)
 
     for (size_t len : sizes) {
         std::vector<uint8_t> sbuf(len), rbuf(len, 0);
-        kreg_fill(sbuf.data(), len, seed);
+        pattern_fill(sbuf.data(), len, seed);
         bool ok = p.tag(sbuf.data(), rbuf.data(), len, t++);
-        size_t bad = ok ? kreg_first_bad(rbuf.data(), len, seed) : 0;
+        size_t bad = ok ? pattern_first_bad(rbuf.data(), len, seed) : 0;
         if (ok && (bad != len)) {
             std::printf("error: byte %zu differs\n", bad);
         }
@@ -294,7 +294,7 @@ void data_tests(peers &p)
     /* RMA: worker 1's memory, mapped by UCP, its rkey packed and unpacked
      * on worker 0's endpoint. */
     const size_t len = 1 << 20;
-    void *target = kreg_libc_mmap(len);
+    void *target = libc_mmap(len);
     std::vector<uint8_t> local(len);
     ucp_mem_map_params_t mp = {};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
@@ -319,15 +319,15 @@ void data_tests(peers &p)
     if (keys) {
         uint64_t raddr = reinterpret_cast<uintptr_t>(target);
         memset(target, 0, len);
-        kreg_fill(local.data(), len, seed);
+        pattern_fill(local.data(), len, seed);
         bool ok = p.rma(true, local.data(), len, raddr, rkey);
-        check(ok && (kreg_first_bad(target, len, seed) == len),
+        check(ok && (pattern_first_bad(target, len, seed) == len),
               "ucp_put_nbx 1 MiB, every byte");
         ++seed;
-        kreg_fill(target, len, seed);
+        pattern_fill(target, len, seed);
         memset(local.data(), 0, len);
         ok = p.rma(false, local.data(), len, raddr, rkey);
-        check(ok && (kreg_first_bad(local.data(), len, seed) == len),
+        check(ok && (pattern_first_bad(local.data(), len, seed) == len),
               "ucp_get_nbx 1 MiB, every byte");
         ucp_rkey_destroy(rkey);
     }
@@ -343,29 +343,29 @@ remap_result remap_rounds(peers &p, int rounds, bool other_thread)
 {
     const size_t len = 1 << 20;
     remap_result r;
-    void *rbuf = kreg_libc_mmap(len);
+    void *rbuf = libc_mmap(len);
     uint32_t seed = 1000;
 
     for (int round = 0; round < rounds; ++round) {
         /* Each round starts and ends through libc's mmap/munmap, which UCX's
          * hooks see too: a round's first send is current for both, and only
          * the raw syscalls in between can leave a stale registration. */
-        void *buf = kreg_libc_mmap(len);
+        void *buf = libc_mmap(len);
         if ((buf == MAP_FAILED) || (rbuf == MAP_FAILED)) {
             ++r.failed;
             continue;
         }
         uint32_t old_seed = seed++, new_seed = seed++;
-        kreg_fill(buf, len, old_seed);
+        pattern_fill(buf, len, old_seed);
         if (!p.tag(buf, rbuf, len, 0x1000 + round) ||
-            (kreg_first_bad(rbuf, len, old_seed) != len)) {
+            (pattern_first_bad(rbuf, len, old_seed) != len)) {
             std::printf("error: round %d: the first send did not carry its "
                         "bytes (byte %zu: 0x%02x, want 0x%02x; previous round's "
-                        "%s)\n", round, kreg_first_bad(rbuf, len, old_seed),
-                        static_cast<uint8_t*>(rbuf)[kreg_first_bad(rbuf, len, old_seed)],
-                        kreg_pattern(old_seed, kreg_first_bad(rbuf, len, old_seed)),
-                        (kreg_first_bad(rbuf, len, old_seed - 1) == len) ? "new bytes" :
-                        (kreg_first_bad(rbuf, len, old_seed - 2) == len) ? "old bytes" :
+                        "%s)\n", round, pattern_first_bad(rbuf, len, old_seed),
+                        static_cast<uint8_t*>(rbuf)[pattern_first_bad(rbuf, len, old_seed)],
+                        pattern_byte(old_seed, pattern_first_bad(rbuf, len, old_seed)),
+                        (pattern_first_bad(rbuf, len, old_seed - 1) == len) ? "new bytes" :
+                        (pattern_first_bad(rbuf, len, old_seed - 2) == len) ? "old bytes" :
                         "neither");
             ++r.failed;
             munmap(buf, len);
@@ -374,10 +374,10 @@ remap_result remap_rounds(peers &p, int rounds, bool other_thread)
 
         bool mapped;
         if (other_thread) {
-            std::thread th([&] { mapped = kreg_raw_remap(buf, len); });
+            std::thread th([&] { mapped = raw_remap(buf, len); });
             th.join();
         } else {
-            mapped = kreg_raw_remap(buf, len);
+            mapped = raw_remap(buf, len);
         }
         if (!mapped) {
             /* someone else took the address: not a round, try again */
@@ -389,13 +389,13 @@ remap_result remap_rounds(peers &p, int rounds, bool other_thread)
             }
             continue;
         }
-        kreg_fill(buf, len, new_seed);
+        pattern_fill(buf, len, new_seed);
         memset(rbuf, 0, len);
         if (!p.tag(buf, rbuf, len, 0x2000 + round)) {
             ++r.failed;
-        } else if (kreg_first_bad(rbuf, len, new_seed) == len) {
+        } else if (pattern_first_bad(rbuf, len, new_seed) == len) {
             /* current */
-        } else if (kreg_first_bad(rbuf, len, old_seed) == len) {
+        } else if (pattern_first_bad(rbuf, len, old_seed) == len) {
             ++r.stale;
         } else {
             ++r.corrupt;
@@ -409,7 +409,7 @@ remap_result remap_rounds(peers &p, int rounds, bool other_thread)
 }
 
 
-/* Churn rounds: a cheaper pattern than kreg_fill()'s (one 64-bit store per word),
+/* Churn rounds: a cheaper pattern than pattern_fill()'s (one 64-bit store per word),
  * so that a round's time is mostly UCP's. */
 void fill_words(void *buf, size_t len, uint64_t seed)
 {
@@ -457,7 +457,7 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
     churn_result r;
     r.round_us.reserve(rounds);
     r.send_us.reserve(rounds);
-    void *rbuf = kreg_libc_mmap(len);
+    void *rbuf = libc_mmap(len);
     if (rbuf == MAP_FAILED) {
         r.failed = rounds;
         return r;
@@ -469,7 +469,7 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
     for (int round = -warmup; round < rounds; ++round, ++seed) {
         bool timed = (round >= 0);
         auto t0 = clock::now();
-        void *buf = use_malloc ? std::malloc(len) : kreg_libc_mmap(len);
+        void *buf = use_malloc ? std::malloc(len) : libc_mmap(len);
         if ((buf == nullptr) || (buf == MAP_FAILED)) {
             r.failed += timed;
             continue;

@@ -617,7 +617,7 @@ protected:
         EXPECT_BYTES(xfer(buf, old_memh, n), expected(n, 1)) << " (first send)";
 
         /* raw syscalls: no UCM hook sees these, only the kernel does */
-        if (!kreg_raw_remap(buf, len)) {
+        if (!raw_remap(buf, len)) {
             uct_md_mem_dereg(s.md, old_memh);
             GTEST_SKIP() << "the address was taken before it could be mapped again";
         }
