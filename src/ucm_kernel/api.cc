@@ -285,10 +285,11 @@ const char *kreg_mode_str(kreg_mode_t m)
 
 const char *kreg_backend_str(kreg_backend_t b)
 {
+    /* the names UCX_KREG_BACKEND takes (options.c), one table */
     switch (b) {
     case KREG_BACKEND_NONE:     return "none";
-    case KREG_BACKEND_UFFD:     return "uffd";
-    case KREG_BACKEND_NOTIFIER: return "notifier";
+    case KREG_BACKEND_UFFD:     return kreg_backend_choice_names[KREG_BACKEND_CHOICE_UFFD];
+    case KREG_BACKEND_NOTIFIER: return kreg_backend_choice_names[KREG_BACKEND_CHOICE_NOTIFIER];
     default:                    return "unknown";
     }
 }

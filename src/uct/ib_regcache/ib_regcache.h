@@ -25,6 +25,7 @@
 #include <uct/api/uct.h>
 #include <ucs/datastruct/linear_func.h>
 #include <ucs/memory/rcache.h>
+#include <ucs/sys/compiler_def.h>
 
 #include <stddef.h>
 #include <stdint.h>
@@ -87,7 +88,7 @@ typedef struct kreg_region {
     kreg_memh_t         memh;   /* last: UCX's memh copy follows */
 } kreg_region_t;
 
-_Static_assert(offsetof(kreg_region_t, memh) + sizeof(kreg_memh_t) ==
+_Static_assert(ucs_offsetof(kreg_region_t, memh) + sizeof(kreg_memh_t) ==
                sizeof(kreg_region_t),
                "the memh copy must follow the region without padding");
 

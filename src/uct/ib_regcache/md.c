@@ -203,7 +203,7 @@ ucs_status_t kreg_md_mem_reg(kreg_md_t *md, void *address, size_t length,
     if (ucs_likely(md->rcache != NULL)) {
         status = kreg_rcache_get(md->rcache, address, length,
                                  PROT_READ | PROT_WRITE, &flags,
-                                 offsetof(kreg_region_t, watch), &rregion);
+                                 ucs_offsetof(kreg_region_t, watch), &rregion);
         if (ucs_likely(status == UCS_OK)) {
             region = ucs_derived_of(rregion, kreg_region_t);
             if ((flags & UCT_MD_MEM_ACCESS_REMOTE_ATOMIC) &&
