@@ -1,6 +1,7 @@
 #include "kreg_test.h"
 
 #include <cerrno>
+#include <cstdarg>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,18 @@ size_t page()
 {
     static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     return size;
+}
+
+int child_failure(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("child failed (%d): ", code);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    return code;
 }
 
 /*                          name             backend     mode      !wp_async exact */

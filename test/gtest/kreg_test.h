@@ -47,6 +47,11 @@ using kreg_tools::run_child;
 
 size_t page();
 
+/* In a child process (run_child): says in words what went wrong, on stdout
+ * (the parent shows the child's output with its failure), and returns code,
+ * the child's exit status. */
+int child_failure(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* The configurations the parameterised suites run in: a backend and a
  * mode, as a user sets them. */
 struct source_config {

@@ -68,7 +68,7 @@ TEST_P(Budget, ScatteredWatchesStopAtTheBudgetAndTheApplicationCanStillMap)
                                               PROT_READ | PROT_WRITE,
                                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
         if (area == MAP_FAILED) {
-            return 3;
+            return child_failure(3, "cannot map the area to watch: %s", strerror(errno));
         }
         std::vector<scoped_watch> watches(pages / 2);
         unsigned long watched = 0, refused = 0;
@@ -88,21 +88,24 @@ TEST_P(Budget, ScatteredWatchesStopAtTheBudgetAndTheApplicationCanStillMap)
         printf("budget %lu: %lu watched, %lu refused, %lu mappings of %lu\n",
                budget, watched, refused, maps, max_map_count());
         if ((watched != budget) || (refused == 0)) {
-            return 5;
+            return child_failure(5, "the watches did not stop at the budget");
         }
         if (maps > max_map_count() / 2) {
-            return 6; /* the application must keep most of its mappings */
+            return child_failure(6, "the watches took more than half of vm.max_map_count: "
+                                     "the application must keep most of its mappings");
         }
         /* the application's own mmap of three pages still works */
         void *p = mmap(nullptr, 3 * page(), PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) {
-            return 7;
+            return child_failure(7, "the application's own mmap failed once the budget "
+                                     "was used: %s", strerror(errno));
         }
         /* dropping watches frees the budget again */
         watches[0].unwatch();
         if (!scoped_watch().watch(p, 3 * page())) {
-            return 8;
+            return child_failure(8, "a watch was refused after another was dropped: "
+                                     "dropping did not free the budget");
         }
         return 0;
     }, 120);
@@ -122,12 +125,13 @@ TEST_P(Budget, AnExplicitBudgetIsKept)
         kreg_stop();
         setenv("UCX_KREG_MAX_RANGES", "10", 1);
         if (kreg_start() != UCS_OK) {
-            return 2;
+            return child_failure(2, "kreg_start failed with UCX_KREG_MAX_RANGES=10");
         }
         kreg_caps_t caps;
         kreg_query(&caps);
         if (caps.max_ranges != 10) {
-            return 3;
+            return child_failure(3, "kreg_query says max_ranges %lu, not 10",
+                                 caps.max_ranges);
         }
         std::vector<scoped_watch> watches(20);
         char *area = static_cast<char *>(map_anon(40 * page()));
@@ -136,7 +140,8 @@ TEST_P(Budget, AnExplicitBudgetIsKept)
             watched += watches[i].watch(area + 2 * i * page(), page());
         }
         printf("%d watched\n", watched);
-        return (watched == 10) ? 0 : 4;
+        return (watched == 10) ? 0 :
+               child_failure(4, "%d of 20 disjoint ranges watched, not 10", watched);
     }, 60);
     EXPECT_EQ(0, r.status) << r.output;
 }
@@ -161,7 +166,7 @@ TEST(UffdRollback, RegistrationThatFailsHalfwayLeavesNothingRegistered)
         munmap(base, page());
         munmap(base + 5 * page(), page());
         if (mprotect(a + page(), page(), PROT_READ) != 0) {
-            return 2;
+            return child_failure(2, "mprotect cannot split the mapping: %s", strerror(errno));
         }
         /* exhaust the mapping count with splits of a big mapping */
         const size_t big = 2 * max_map_count();
@@ -169,7 +174,7 @@ TEST(UffdRollback, RegistrationThatFailsHalfwayLeavesNothingRegistered)
                                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                                                 -1, 0));
         if (filler == MAP_FAILED) {
-            return 3;
+            return child_failure(3, "cannot map the filler: %s", strerror(errno));
         }
         size_t i;
         for (i = 1; i < big; i += 2) {
@@ -178,7 +183,8 @@ TEST(UffdRollback, RegistrationThatFailsHalfwayLeavesNothingRegistered)
             }
         }
         if (errno != ENOMEM) {
-            return 4;
+            return child_failure(4, "filling the mapping count ended in %s, not ENOMEM",
+                                 strerror(errno));
         }
         scoped_watch w;
         kreg_reason_t why;
@@ -195,7 +201,7 @@ TEST(UffdRollback, RegistrationThatFailsHalfwayLeavesNothingRegistered)
         int other = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | 1));
         struct uffdio_api api = {UFFD_API, 0, 0};
         if ((other < 0) || (ioctl(other, UFFDIO_API, &api) != 0)) {
-            return 6;
+            return child_failure(6, "cannot open a second userfaultfd: %s", strerror(errno));
         }
         struct uffdio_register reg = {{reinterpret_cast<uintptr_t>(a), 3 * page()},
                                       UFFDIO_REGISTER_MODE_MISSING, 0};

@@ -225,52 +225,90 @@ TEST_P(Events, BrkShrinkIsReported)
         char *base = reinterpret_cast<char *>(
             (reinterpret_cast<uintptr_t>(top) + 4095) & ~uintptr_t(4095));
         if (sbrk(static_cast<intptr_t>(base + grow - top)) == reinterpret_cast<void *>(-1)) {
-            return 2;
+            return child_failure(2, "sbrk cannot grow the heap: %s", strerror(errno));
         }
         memset(base, 1, grow);
         scoped_watch w;
         if (!w.watch(base, grow)) {
-            return 3;
+            return child_failure(3, "the grown heap could not be watched");
         }
         if (sbrk(-static_cast<intptr_t>(grow)) == reinterpret_cast<void *>(-1)) {
-            return 4;
+            return child_failure(4, "sbrk cannot shrink the heap: %s", strerror(errno));
         }
         if (notifier && w.current()) {
-            return 5;
+            return child_failure(5, "the notifier's watch is still current after the "
+                                     "heap shrank");
         }
         kreg_prepare_lookup(base, grow);
         kreg_sync();
-        return log.covers(base, grow) ? 0 : 6;
+        return log.covers(base, grow) ?
+               0 : child_failure(6, "the heap's shrink was not reported to UCM");
     });
     EXPECT_EQ(0, res.status) << res.output;
 }
 
 /* Page-cache memory: watchable by the notifier always, by userfaultfd
- * only with WP_ASYNC (Linux 6.7+). */
-TEST_P(Events, FileMappingUnmapIsReportedWhereWatchable)
+ * only with WP_ASYNC (Linux 6.7+). A shared mapping of a real file (not
+ * tmpfs), or the reason there is none. */
+void *map_real_file(size_t len, std::string *no_file)
 {
-    kreg_caps_t caps;
-    kreg_query(&caps);
-    std::string no_file;
-    int fd = real_file(len, &no_file);
+    const int fd = real_file(len, no_file);
     if (fd < 0) {
-        GTEST_SKIP() << no_file;
+        return nullptr;
     }
     void *p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    ASSERT_NE(MAP_FAILED, p);
+    if (p == MAP_FAILED) {
+        *no_file = std::string("mmap of the file: ") + strerror(errno);
+        return nullptr;
+    }
+    return p;
+}
+
+/* The mapping a FileMapping test watches, or nullptr with the reason to
+ * skip in *skip: no real file here, or the backend's case is the other
+ * test's (watchable: the test pins a backend that watches files). */
+void *file_mapping_for_case(bool notifier, bool watchable, size_t len, std::string *skip)
+{
+    kreg_caps_t caps;
+    kreg_query(&caps);
+    if ((notifier || caps.wp_async) != watchable) {
+        *skip = watchable ?
+                "userfaultfd without WP_ASYNC (Linux < 6.7, or UCX_KREG_WP_ASYNC=n) "
+                "cannot watch files; FileMappingIsRefusedWithoutWpAsync covers this case" :
+                "this backend watches files here (the notifier, or userfaultfd with "
+                "WP_ASYNC); FileMappingUnmapIsReported covers this case";
+        return nullptr;
+    }
+    return map_real_file(len, skip);
+}
+
+TEST_P(Events, FileMappingUnmapIsReported)
+{
+    std::string skip;
+    void *p = file_mapping_for_case(notifier_, true, len, &skip);
+    if (p == nullptr) {
+        GTEST_SKIP() << skip;
+    }
     scoped_watch w;
     kreg_reason_t why;
-    const int watched_now = w.watch(p, len, &why);
-    if (!notifier_ && !caps.wp_async) {
-        EXPECT_EQ(0, watched_now) << "without WP_ASYNC userfaultfd cannot watch files";
-        EXPECT_EQ(KREG_REASON_EINVAL, why);
-        munmap(p, len);
-        return;
-    }
-    ASSERT_EQ(1, watched_now) << kreg_reason_str(why);
+    ASSERT_EQ(1, w.watch(p, len, &why)) << kreg_reason_str(why);
     ASSERT_EQ(0, munmap(p, len));
     expect_reported(w, p, len);
+}
+
+TEST_P(Events, FileMappingIsRefusedWithoutWpAsync)
+{
+    std::string skip;
+    void *p = file_mapping_for_case(notifier_, false, len, &skip);
+    if (p == nullptr) {
+        GTEST_SKIP() << skip;
+    }
+    scoped_watch w;
+    kreg_reason_t why;
+    EXPECT_EQ(0, w.watch(p, len, &why)) << "without WP_ASYNC userfaultfd cannot watch files";
+    EXPECT_EQ(KREG_REASON_EINVAL, why) << kreg_reason_str(why);
+    munmap(p, len);
 }
 
 /* hugetlbfs memory is registered with userfaultfd in whole huge pages: a
