@@ -1,3 +1,5 @@
+/* The io_uring-pinned rcache of the scenario table and the tests (see
+ * uring_rcache.h). Just over 350 lines: one class. */
 #include "uring_rcache.h"
 #include "rcache_params.h"
 

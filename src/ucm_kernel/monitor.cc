@@ -1,3 +1,6 @@
+/* The reader and dispatcher threads of the userfaultfd backend (see
+ * monitor.h). Over 350 lines: one class, its two loops sharing the queue
+ * and the counters lookups wait on. */
 #include "monitor.h"
 
 #include "dispatch.h"

@@ -1,3 +1,5 @@
+/* The userfaultfd descriptor (see uffd.h). Just over 350 lines: one
+ * class, its opening and its kernel checks. */
 #include "uffd.h"
 #include "page.h"
 

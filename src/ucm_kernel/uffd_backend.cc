@@ -14,7 +14,11 @@
  *     unwatched).
  * What userfaultfd never reports at all, truncate and hole punch of
  * page-cache memory, is kept out of the cache by confirm() (policy,
- * UCX_KREG_SHARED_MEMORY). */
+ * UCX_KREG_SHARED_MEMORY).
+ *
+ * Over 350 lines: one class, the userfaultfd backend; its methods
+ * share the watch map and the retained ranges under one lock.
+ */
 #include "backend.h"
 #include "dispatch.h"
 #include "monitor.h"

@@ -7,7 +7,11 @@
  * one thread against a lookup in another for many rounds, because the
  * window they probe (the kernel has changed the range but not yet queued its
  * event) is short: an exact configuration must never send old bytes; the
- * plain ones show that the window is real where it is. */
+ * plain ones show that the window is real where it is.
+ *
+ * Over 350 lines: the AddressSpace, SharedMemory and CrossThread
+ * suites share the pinned-page oracle and its judge.
+ */
 #include "kreg_test.h"
 
 #include "tools/uring_rcache.h"

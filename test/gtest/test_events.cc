@@ -3,7 +3,11 @@
  * returns; the notifier backend moves the range's counter before the
  * changing call returns, and reports it through UCM soon after.
  * "Reported by the kernel" is counted apart from what a lookup's own check
- * found (stats.dispatched), so a test cannot pass on the check alone. */
+ * found (stats.dispatched), so a test cannot pass on the check alone.
+ *
+ * Over 350 lines: one suite (Events), one case per kernel event,
+ * all on one fixture.
+ */
 #include "kreg_test.h"
 
 #include <fcntl.h>

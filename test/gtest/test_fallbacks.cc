@@ -1,5 +1,9 @@
 /* No kernel support: where the kernel won't watch, a clear log line and an uncached
- * registration, never a cached one. Each case runs in a child process. */
+ * registration, never a cached one. Each case runs in a child process.
+ *
+ * Over 350 lines: one suite, every refusal a user can meet, on
+ * shared child helpers.
+ */
 #include "kreg_config.h"
 #include "kreg_test.h"
 

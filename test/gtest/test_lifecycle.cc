@@ -1,5 +1,9 @@
 /* Deadlock, the reader outliving every watch (the monitor's life), fork,
- * exec, exit with live threads, and bad input to every entry point, per backend. */
+ * exec, exit with live threads, and bad input to every entry point, per backend.
+ *
+ * Over 350 lines: one suite (Lifecycle), whose cases share its
+ * fixture and instantiation per backend.
+ */
 #include "kreg_test.h"
 
 #include <csignal>

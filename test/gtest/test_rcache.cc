@@ -2,7 +2,11 @@
  * configuration, and the cross-thread window under stress in the
  * exact ones. The oracle is the token each mapping starts with (see
  * token_cache); tools/uring_rcache's pinned pages are the other oracle
- * (test_address_space.cc). */
+ * (test_address_space.cc).
+ *
+ * Over 350 lines: the Rcache and Stress suites share the token cache
+ * set-up and the stress runner.
+ */
 #include "kreg_test.h"
 
 #include <cstdlib>

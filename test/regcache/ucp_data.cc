@@ -42,6 +42,11 @@
  * stale or corrupt; with --churn: every round ran and, with --component,
  * none was stale or wrong); 1 otherwise; 77 when UCP has no usable
  * transport.
+ *
+ * Over 350 lines: one program, its three parts (data, remap, churn)
+ * on one pair of workers (peers). It runs only in the Soft-RoCE VM; a
+ * split by part is left for a change that can run the VM suite to check
+ * it.
  */
 #include "test_buffers.h"
 
