@@ -78,8 +78,8 @@ bool monitor::start(std::string *error)
     }
     stopping_ = false;
     /* No signal may interrupt or kill the reader: every thread blocked in
-     * munmap of a watched range depends on it (the reader must outlive
-     * every watch). The threads inherit this mask. */
+     * munmap of a watched range depends on it (reader
+     * lifetime). The threads inherit this mask. */
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);

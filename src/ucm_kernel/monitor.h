@@ -9,8 +9,8 @@
  * The dispatcher reports each range through dispatch() (ucm_vm_munmap).
  * That reaches every rcache, whose callbacks may allocate or spin on rcache
  * locks; were that done by the reader, a thread that holds such a lock
- * while it unmaps a watched range would never be released (the deadlock
- * hazard of doc/design.md).
+ * while it unmaps a watched range would never be released (the reader
+ * deadlock hazard of doc/design.md).
  *
  * Lookups wait on three counters: `reading` is set from before read() until
  * the events are queued, `read_seq` counts events queued, `done_seq` events

@@ -86,8 +86,8 @@ public:
         mode_    = static_cast<kreg_mode_t>(opts.mode);
         shared_  = static_cast<kreg_shared_policy_t>(opts.shared);
         /* Each watch can split two mappings: the default leaves the
-         * application three quarters of vm.max_map_count (VMA budget:
-         * the address space is the application's). */
+         * application three quarters of vm.max_map_count (the
+         * address-space budget). */
         max_ranges_ = (opts.max_ranges == UCS_ULUNITS_AUTO) ?
                               read_max_map_count() / 8 : opts.max_ranges;
         running_ = true;

@@ -1,5 +1,5 @@
-/* The address space is the application's: watches never cost
- * it its own mappings, and a watch that fails half-way leaves nothing
+/* The address-space budget: watches never cost the application
+ * its own mappings, and a watch that fails half-way leaves nothing
  * behind. Each case runs in a child: they fill the address space. */
 #include "kreg_test.h"
 

@@ -1,5 +1,5 @@
-/* Deadlock, the reader outliving every watch (the monitor's life), fork,
- * exec, exit with live threads, and bad input to every entry point, per backend.
+/* Reader deadlock, reader lifetime (the monitor's life), fork, exec,
+ * exit with live threads, and bad input to every entry point, per backend.
  *
  * Over 350 lines: one suite (Lifecycle), whose cases share its
  * fixture and instantiation per backend.
@@ -49,7 +49,7 @@ protected:
     std::unique_ptr<scoped_source> source_;
 };
 
-/* Deadlock: a dispatch waits on a lock held by a thread that unmaps a
+/* Reader deadlock: a dispatch waits on a lock held by a thread that unmaps a
  * watched range while holding it. That unmap must still return. */
 TEST_P(Lifecycle, MunmapReturnsWhileDispatchWaitsForItsLock)
 {
@@ -85,8 +85,8 @@ TEST_P(Lifecycle, MunmapReturnsWhileDispatchWaitsForItsLock)
                                                r.output);
 }
 
-/* The reader must outlive every watch: signals never stop the monitor;
- * every munmap returns. */
+/* Reader lifetime: signals never stop the monitor; every munmap
+ * returns. */
 TEST_P(Lifecycle, SignalStormDoesNotStopTheMonitor)
 {
     KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
@@ -121,9 +121,9 @@ TEST_P(Lifecycle, SignalStormDoesNotStopTheMonitor)
     EXPECT_EQ(0, r.status) << r.output;
 }
 
-/* The reader must outlive every watch: the last stop closes the kernel
- * side, so watched ranges stop blocking munmap, nothing stays cached
- * unwatched, and every watch still held by a cache is stale. */
+/* Reader lifetime: the last stop closes the kernel side, so watched
+ * ranges stop blocking munmap, nothing stays cached unwatched, and every
+ * watch still held by a cache is stale. */
 TEST_P(Lifecycle, StopReportsWatchedRangesAndLeavesWatchesStale)
 {
     KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();

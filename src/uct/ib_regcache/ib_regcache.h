@@ -13,7 +13,7 @@
  *                inner md, rcache or pass-through, reg_cost
  *   md.c         the caching md: mem_reg (hit, miss, uncached), mem_dereg
  *   stock.c      the stock "ib" md's policy next to this library
- *                (every rcache relies on the external event)
+ *                (the foreign rcache hazard)
  *   ucx_1_13.c   everything UCX-version dependent
  *
  * Nothing here is visible outside the library (-fvisibility=hidden).

@@ -1,6 +1,6 @@
 /*
- * UCX's stock "ib" md next to this library (doc/design.md: every
- * rcache of the process relies on the external event).
+ * UCX's stock "ib" md next to this library (the foreign rcache
+ * hazard of doc/design.md).
  *
  * Once libucm_kernel declares UCM_EVENT_VM_UNMAPPED external, UCM installs
  * no hooks for a new rcache: the unmap events reach every rcache in the
@@ -14,8 +14,8 @@
  * stock transport names next to ours, never stale.
  *
  * The version layer (ucx_1_13.c) applies this in its hook on the IB
- * component's md_open. test/regcache/vm-suite checks it (regcache-hazard3:
- * the stock md registers every send; ucp-data-hazard3: no stale round).
+ * component's md_open. test/regcache/vm-suite checks it (regcache-foreign-rcache:
+ * the stock md registers every send; ucp-data-foreign-rcache: no stale round).
  */
 #include "ib_regcache.h"
 
