@@ -11,6 +11,11 @@
  * ("moved before the call returned"), or that it did not move. The leak
  * checks read the module's live counters in /sys/class/misc/kreg_notifier/.
  * test/kmod/run-kmod-tests runs this in the Soft-RoCE VM with the module.
+ *
+ * One file over 350 lines on purpose: one program a test suite of the
+ * module's user-space ABI, its tests listed in one table at the bottom
+ * (the semantic ones as data: a change, whether it moves the counter);
+ * split, each part would need the same harness and device helpers.
  */
 #define _GNU_SOURCE
 #include <errno.h>

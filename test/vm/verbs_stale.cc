@@ -24,6 +24,9 @@
  * munmap/mmap, which the hooks (or the kernel) must see: current bytes.
  *
  * Exit: 0 pass, 1 fail, 77 skip (no device, or libucm_kernel cannot start).
+ *
+ * One file over 350 lines on purpose: one experiment (the rcache, the RC
+ * queue pairs, the rounds and their oracle) read top to bottom.
  */
 #include "ucm_kernel/ucm_kernel.h"
 
