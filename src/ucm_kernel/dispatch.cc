@@ -13,7 +13,11 @@ namespace {
  * one of the two sees the other. 32-bit so that wait() is a plain futex. */
 std::atomic<uint32_t> g_hold{0};
 std::atomic<uint32_t> g_inside{0};
-thread_local unsigned t_depth; /* dispatches this thread is inside */
+/* dispatches this thread is inside. initial-exec: no __tls_get_addr call
+ * per dispatch (GCC 12's ASan crashes in its interceptor of it,
+ * DTLS_on_tls_get_addr, while other threads come and go); 4 bytes fit the
+ * static TLS glibc keeps for libraries loaded later with dlopen. */
+__attribute__((tls_model("initial-exec"))) thread_local unsigned t_depth;
 
 void enter()
 {
