@@ -119,7 +119,19 @@ std::string cached_change(ctx &c, void *addr, size_t len,
     if (!l.skip.empty()) {
         return "skip:" + l.skip;
     }
-    return judge(c.rc.transfer(l.addr, l.len));
+    std::vector<unsigned char> got;
+    try {
+        got = c.rc.transfer(l.addr, l.len);
+    } catch (const std::exception &e) {
+        /* the oracle could not pin the new pages (Linux 6.1's io_uring
+         * refuses SysV shm): nothing was sent, so nothing can be judged */
+        if (c.rc.last_reg_errno() != 0) {
+            return std::string("skip:registration after the change refused (") +
+                   strerror(c.rc.last_reg_errno()) + ")";
+        }
+        throw;
+    }
+    return judge(got);
 }
 
 } // namespace kreg_tools

@@ -233,6 +233,7 @@ void uring_rcache::slot_put(int slot)
 
 int uring_rcache::buf_register(void *start, size_t len)
 {
+    m_last_reg_errno = 0; /* the errno of the last registration only */
     int slot = slot_get();
     if (slot < 0) {
         return slot;
