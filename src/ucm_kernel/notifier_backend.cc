@@ -299,9 +299,14 @@ public:
         stats->dispatched += notified_.load();
         std::lock_guard<std::mutex> guard(lock_);
         if (fd_ >= 0) {
-            stats->watched_ranges += live_count_;
+            /* what callers watch now: the retained notifiers (kept for a
+             * registration of the same range again) are not, as under uffd */
+            stats->watched_ranges += live_count_ - retained_.size();
             for (const page_range &r : live_) {
                 stats->watched_bytes += r.second - r.first;
+            }
+            for (const auto &kept : retained_) {
+                stats->watched_bytes -= kept.first.second - kept.first.first;
             }
         }
     }

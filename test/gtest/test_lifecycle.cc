@@ -528,3 +528,70 @@ TEST(UffdHoles, HoleInRangeIsNotWatched)
 }
 
 } // namespace
+
+/* Pages that change while being pinned (the notifier's counter moved
+ * between watch and confirm): kreg_register_watched undoes the pin and
+ * tries again, and memory that changes under every try is registered
+ * uncached, never cached. */
+struct change_while_pinned {
+    void    *addr;
+    size_t   len;
+    int      changes_left; /* tries whose "pin" changes the pages */
+    int      regs = 0, deregs = 0;
+
+    static ucs_status_t reg(void *arg, void *, size_t)
+    {
+        auto *c = static_cast<change_while_pinned *>(arg);
+        ++c->regs;
+        if (c->changes_left-- > 0) {
+            /* replaces the pages, as a migration or a racing madvise would */
+            madvise(c->addr, c->len, MADV_DONTNEED);
+        }
+        return UCS_OK;
+    }
+    static void dereg(void *arg) { ++static_cast<change_while_pinned *>(arg)->deregs; }
+};
+
+TEST_P(Lifecycle, PagesThatChangeWhilePinnedAreRetriedThenRegisteredUncached)
+{
+    if (std::string(GetParam().backend) != "notifier") {
+        GTEST_SKIP() << "userfaultfd's confirm sees no page change (a change while "
+                        "pinning reaches the rcache as an event instead); the "
+                        "notifier configuration of this test covers the retry";
+    }
+    const size_t len = 4 * page();
+    void *p = map_anon(len);
+    ASSERT_NE(nullptr, p);
+    memset(p, 1, len);
+    kreg_stats_t before, after;
+    kreg_get_stats(&before);
+
+    /* changes on every try: given up, uncached, nothing left registered */
+    change_while_pinned always{p, len, 1000};
+    kreg_watch_t w{};
+    kreg_reason_t why = KREG_REASON_NONE;
+    EXPECT_EQ(UCS_ERR_REJECTED,
+              kreg_register_watched(p, len, &w, change_while_pinned::reg,
+                                    change_while_pinned::dereg, &always, &why))
+            << "memory that changes under every pin was cached";
+    EXPECT_EQ(KREG_REASON_CHANGED, why) << kreg_reason_str(why);
+    EXPECT_EQ(always.regs, always.deregs) << "a changed pin was not undone";
+    EXPECT_GT(always.regs, 1) << "it gave up without trying again";
+    EXPECT_FALSE(kreg_watch_is_current(&w)) << "a refused watch reads as current";
+    kreg_get_stats(&after);
+    EXPECT_EQ(before.fallbacks[KREG_REASON_CHANGED] + 1,
+              after.fallbacks[KREG_REASON_CHANGED]);
+    EXPECT_EQ(before.watched_ranges, after.watched_ranges) << "a watch was left behind";
+
+    /* changes on the first try only (a write fault on the zero page): the
+     * second try is cached */
+    change_while_pinned once{p, len, 1};
+    ASSERT_EQ(UCS_OK, kreg_register_watched(p, len, &w, change_while_pinned::reg,
+                                            change_while_pinned::dereg, &once, &why))
+            << kreg_reason_str(why);
+    EXPECT_EQ(2, once.regs) << "one retry expected";
+    EXPECT_EQ(1, once.deregs) << "the changed pin was not undone";
+    EXPECT_TRUE(kreg_watch_is_current(&w));
+    kreg_unwatch(&w);
+    munmap(p, len);
+}
