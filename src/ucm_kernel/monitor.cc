@@ -76,7 +76,8 @@ bool monitor::start(std::string *error)
         *error = std::string("eventfd: ") + strerror(errno);
         return false;
     }
-    stopping_ = false;
+    stopping_   = false;
+    threads_up_ = 0;
     /* No signal may interrupt or kill the reader: every thread blocked in
      * munmap of a watched range depends on it (reader
      * lifetime). The threads inherit this mask. */
@@ -99,6 +100,13 @@ bool monitor::start(std::string *error)
     }
     pthread_setname_np(reader_, "kreg-reader");
     pthread_setname_np(dispatcher_, "kreg-dispatch");
+    /* Fork during thread start: return only once both threads run their
+     * own code, so that a fork right after kreg_start() copies no thread
+     * still inside its runtime's setup (GCC 12's ASan allocates there and
+     * does not lock its allocator across fork(); see child_process.cc). */
+    for (uint32_t up; (up = threads_up_.load()) < 2;) {
+        threads_up_.wait(up);
+    }
     return true;
 }
 
@@ -138,14 +146,22 @@ void monitor::forget_after_fork()
     }
 }
 
+void monitor::thread_up()
+{
+    threads_up_.fetch_add(1);
+    threads_up_.notify_all();
+}
+
 void *monitor::reader_main(void *arg)
 {
+    static_cast<monitor *>(arg)->thread_up();
     static_cast<monitor *>(arg)->read_loop();
     return nullptr;
 }
 
 void *monitor::dispatcher_main(void *arg)
 {
+    static_cast<monitor *>(arg)->thread_up();
     static_cast<monitor *>(arg)->dispatch_loop();
     return nullptr;
 }
