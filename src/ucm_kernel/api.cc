@@ -83,6 +83,18 @@ void clear_watch(kreg_watch_t *w)
 
 void noop_completion(void *) {}
 
+/* The pages behind the registration changed (or the source stopped or the
+ * process forked since): drop it, and the next lookup registers the pages
+ * mapped now. */
+void drop_stale(ucs_rcache_t *rcache, ucs_rcache_region_t *region)
+{
+    counters().stale_hits.fetch_add(1, std::memory_order_relaxed);
+    ucs_debug("kreg: stale entry 0x%lx..0x%lx dropped at lookup",
+              region->super.start, region->super.end);
+    ucs_rcache_region_invalidate(rcache, region, noop_completion, nullptr);
+    ucs_rcache_region_put(rcache, region);
+}
+
 } // namespace
 } // namespace kreg
 
@@ -197,9 +209,10 @@ ucs_status_t kreg_register_watched(void *addr, size_t len, kreg_watch_t *w,
     return UCS_ERR_REJECTED;
 }
 
-ucs_status_t kreg_rcache_get(struct ucs_rcache *rcache, void *addr, size_t len,
-                             int prot, void *arg, size_t watch_offset,
-                             struct ucs_rcache_region **region_p)
+ucs_status_t kreg_rcache_get_checked(struct ucs_rcache *rcache, void *addr,
+                                     size_t len, int prot, void *arg,
+                                     size_t watch_offset,
+                                     struct ucs_rcache_region **region_p)
 {
     /* bounded: memory that changes under every registration is not
      * cacheable (kreg_register_watched gives up on it as well) */
@@ -219,16 +232,20 @@ ucs_status_t kreg_rcache_get(struct ucs_rcache *rcache, void *addr, size_t len,
             *region_p = region;
             return UCS_OK;
         }
-        /* The pages behind the registration changed (or the source
-         * stopped or the process forked since): drop it and look again,
-         * which registers the pages mapped now. */
-        counters().stale_hits.fetch_add(1, std::memory_order_relaxed);
-        ucs_debug("kreg: stale entry 0x%lx..0x%lx dropped at lookup",
-                  region->super.start, region->super.end);
-        ucs_rcache_region_invalidate(rcache, region, noop_completion, nullptr);
-        ucs_rcache_region_put(rcache, region);
+        drop_stale(rcache, region);
     }
     return UCS_ERR_REJECTED;
+}
+
+ucs_status_t kreg_rcache_get_again(struct ucs_rcache *rcache,
+                                   struct ucs_rcache_region *stale, void *addr,
+                                   size_t len, int prot, void *arg,
+                                   size_t watch_offset,
+                                   struct ucs_rcache_region **region_p)
+{
+    drop_stale(rcache, stale);
+    return kreg_rcache_get_checked(rcache, addr, len, prot, arg, watch_offset,
+                                   region_p);
 }
 
 void kreg_sync(void)

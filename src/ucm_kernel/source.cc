@@ -56,6 +56,20 @@ inline source_state &state()
     return *g_state;
 }
 
+} // namespace
+} // namespace kreg
+
+/* Written only with life_lock held, read by every lookup (ucm_kernel.h).
+ * After a fork the child keeps the parent's value: with uffd its first
+ * lookup takes the path that restarts the source; with the notifier the
+ * inherited counters read 0, so its first hit does. */
+extern "C" {
+int kreg_lookup_asks_kernel = 0;
+}
+
+namespace kreg {
+namespace {
+
 /* 1 until the first stop or fork; watches without a counter of their own
  * compare with it */
 std::atomic<uint64_t> g_generation{1};
@@ -106,6 +120,10 @@ bool open_backend(source_state &s, start_error *err)
         s.why_backend = tries[i].why;
         s.mode        = s.opts.mode;
         s.reason      = KREG_REASON_NONE;
+        /* before the backend is published: a lookup that sees it must
+         * already take the path that asks the kernel, where it needs to */
+        __atomic_store_n(&kreg_lookup_asks_kernel, b->checks_at_lookup() ? 1 : 0,
+                         __ATOMIC_RELEASE);
         s.running.store(b, std::memory_order_release);
         ucs_info("kreg: watching registered memory through the %s backend "
                  "(%s), mode %s", kreg_backend_str(b->kind()), tries[i].why,
@@ -131,6 +149,7 @@ std::string kreg_env_settings()
 void close_backend(source_state &s)
 {
     backend *b = s.running.exchange(nullptr);
+    __atomic_store_n(&kreg_lookup_asks_kernel, 0, __ATOMIC_RELEASE);
     if (b != nullptr) {
         b->stop();
         bump_generation();

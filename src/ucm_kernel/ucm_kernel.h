@@ -15,7 +15,8 @@
  * ucm_vm_munmap(), which every UCS rcache in the process listens to, and
  * UCM_EVENT_VM_UNMAPPED is declared external, so UCM installs no hooks.
  *
- * A cache built on this does, per lookup (kreg_rcache_get does it all):
+ * A cache built on this does, per lookup (kreg_rcache_get, inline here,
+ * does it all):
  *   kreg_prepare_lookup(addr, len);        uffd: the kernel's word on the range
  *   ucs_rcache_get(...) -> region;
  *   kreg_watch_is_current(&region->watch)  notifier: the counter; else 1
@@ -34,6 +35,8 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include <ucs/memory/rcache.h> /* has no C++ guards of its own */
 
 #define KREG_API __attribute__((visibility("default")))
 
@@ -210,13 +213,56 @@ KREG_API ucs_status_t kreg_register_watched(void *addr, size_t len,
                                             kreg_dereg_func_t dereg, void *arg,
                                             kreg_reason_t *reason_p);
 
-/* ucs_rcache_get() the way a watched cache must: kreg_prepare_lookup, get,
- * and a region whose watch (at watch_offset in the region structure) is no
- * longer current is invalidated and looked up again. */
-KREG_API ucs_status_t kreg_rcache_get(struct ucs_rcache *rcache, void *addr,
-                                      size_t len, int prot, void *arg,
-                                      size_t watch_offset,
-                                      struct ucs_rcache_region **region_p);
+/* Nonzero while the running backend asks the kernel at every lookup
+ * (uffd: kreg_prepare_lookup); 0 with the notifier, whose hit is its
+ * counter alone, and while nothing runs. Read by kreg_rcache_get. */
+KREG_API extern int kreg_lookup_asks_kernel;
+
+/* kreg_rcache_get's out-of-line path: kreg_prepare_lookup, get, and a
+ * region whose watch is no longer current invalidated and looked up again
+ * (a few times). */
+KREG_API ucs_status_t kreg_rcache_get_checked(struct ucs_rcache *rcache,
+                                              void *addr, size_t len, int prot,
+                                              void *arg, size_t watch_offset,
+                                              struct ucs_rcache_region **region_p);
+
+/* Drops a region kreg_rcache_get found stale (invalidates it, releases the
+ * reference the lookup took), then kreg_rcache_get_checked. */
+KREG_API ucs_status_t kreg_rcache_get_again(struct ucs_rcache *rcache,
+                                            struct ucs_rcache_region *stale,
+                                            void *addr, size_t len, int prot,
+                                            void *arg, size_t watch_offset,
+                                            struct ucs_rcache_region **region_p);
+
+/* ucs_rcache_get() the way a watched cache must: kreg_prepare_lookup where
+ * the backend needs it, get, and a region whose watch (at watch_offset in
+ * the region structure) is no longer current is invalidated and looked up
+ * again. Inline: on the notifier a hit is UCS's own lookup and one compare,
+ * with no call into this library. */
+static inline ucs_status_t kreg_rcache_get(struct ucs_rcache *rcache,
+                                           void *addr, size_t len, int prot,
+                                           void *arg, size_t watch_offset,
+                                           struct ucs_rcache_region **region_p)
+{
+    struct ucs_rcache_region *region;
+    ucs_status_t status;
+
+    if (__atomic_load_n(&kreg_lookup_asks_kernel, __ATOMIC_ACQUIRE)) {
+        return kreg_rcache_get_checked(rcache, addr, len, prot, arg,
+                                       watch_offset, region_p);
+    }
+    status = ucs_rcache_get(rcache, addr, len, prot, arg, &region);
+    if (status != UCS_OK) {
+        return status;
+    }
+    if (!kreg_watch_is_current((const kreg_watch_t *)((const char *)region +
+                                                      watch_offset))) {
+        return kreg_rcache_get_again(rcache, region, addr, len, prot, arg,
+                                     watch_offset, region_p);
+    }
+    *region_p = region;
+    return UCS_OK;
+}
 
 /* Returns once every event the kernel had queued when the call started has
  * been dispatched to UCM. */

@@ -372,6 +372,33 @@ TEST_P(Lifecycle, DescriptorIsCloseOnExec)
     EXPECT_EQ(0, n) << "an exec'ed program inherited the descriptor";
 }
 
+/* kreg_rcache_get's inline hit skips the kernel only where the backend's
+ * hit needs none (the notifier's counter), and after a stop. */
+TEST_P(Lifecycle, LookupAsksTheKernelOnlyWhereTheBackendNeedsIt)
+{
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
+    auto r = run_child([] {
+        kreg_caps_t caps;
+        kreg_query(&caps);
+        const int uffd = (caps.backend == KREG_BACKEND_UFFD);
+        if (kreg_lookup_asks_kernel != uffd) {
+            return child_failure(2, "running %s: lookups %s the kernel",
+                                 kreg_backend_str(caps.backend),
+                                 kreg_lookup_asks_kernel ? "ask" : "skip");
+        }
+        kreg_stop(); /* refs 1 -> 0 in this child */
+        if (kreg_lookup_asks_kernel != 0) {
+            return child_failure(3, "stopped, lookups still ask the kernel");
+        }
+        if (kreg_start() != UCS_OK) {
+            return child_failure(4, "restart failed");
+        }
+        return (kreg_lookup_asks_kernel == uffd) ? 0 :
+               child_failure(5, "restarted, lookups do not follow the backend");
+    }, 15);
+    EXPECT_EQ(0, r.status) << r.output;
+}
+
 TEST_P(Lifecycle, StartIsReferenceCounted)
 {
     EXPECT_EQ(UCS_OK, kreg_start());
