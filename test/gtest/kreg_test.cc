@@ -208,7 +208,8 @@ ucs_status_t token_cache::mem_reg(void *ctx, ucs_rcache_t *, void *arg,
         static ucs_status_t reg(void *a, void *, size_t)
         {
             auto *rg          = static_cast<token_reg *>(a);
-            rg->region->token = *rg->token;
+            rg->region->token      = *rg->token;
+            rg->region->token_addr = reinterpret_cast<uintptr_t>(rg->token);
             return UCS_OK;
         }
         static void dereg(void *) {}
@@ -246,7 +247,7 @@ void token_cache::dump(void *, ucs_rcache_t *, ucs_rcache_region_t *r, char *buf
 
 token_cache::lookup_result token_cache::lookup(void *addr, size_t len)
 {
-    lookup_result hit{true, false, false};
+    lookup_result hit{true, false, false, false};
     if (rcache_ == nullptr) {
         ++uncached_;
         return hit;
@@ -260,7 +261,18 @@ token_cache::lookup_result token_cache::lookup(void *addr, size_t len)
     }
     const uint64_t now = *static_cast<volatile uint64_t *>(addr);
     hit.cached = true;
-    hit.stale  = reinterpret_cast<token_region *>(r)->token != now;
+    const auto *tr = reinterpret_cast<token_region *>(r);
+    hit.unjudged   = tr->token_addr != reinterpret_cast<uintptr_t>(addr);
+    hit.stale      = !hit.unjudged && (tr->token != now);
+    if (hit.stale) {
+        fprintf(stderr, "stale hit: lookup %p+%zu, entry 0x%lx..0x%lx, token "
+                "%lu read at 0x%lx, now %lu, watch slot %u counter %lu snapshot %lu\n",
+                addr, len, r->super.start, r->super.end,
+                static_cast<unsigned long>(tr->token), tr->token_addr,
+                static_cast<unsigned long>(now), tr->watch.slot,
+                static_cast<unsigned long>(*tr->watch.counter),
+                static_cast<unsigned long>(tr->watch.snapshot));
+    }
     ucs_rcache_region_put(rcache_, r);
     return hit;
 }

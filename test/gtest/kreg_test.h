@@ -161,6 +161,11 @@ public:
         bool     ok;       /* lookup succeeded */
         bool     stale;    /* the entry belonged to another mapping */
         bool     cached;   /* came from the cache (not uncached fallback) */
+        /* a cached entry whose token was read at another address: UCS
+         * merged the looked-up range with overlapping entries (one
+         * registration over several mappings), so this address's token at
+         * registration is unknown: not judged, never "stale" */
+        bool     unjudged;
     };
     lookup_result lookup(void *addr, size_t len);
 
@@ -173,6 +178,7 @@ private:
         ucs_rcache_region_t super;
         kreg_watch_t        watch;
         uint64_t            token;
+        uintptr_t           token_addr; /* where it was read (arg) */
     };
     static ucs_status_t mem_reg(void *ctx, ucs_rcache_t *rc, void *arg,
                                 ucs_rcache_region_t *r, uint16_t flags);

@@ -199,7 +199,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, Rcache, testing::ValuesIn(same_thread_configs
  * threads all the time. In the default mode no lookup may ever hit the
  * entry of the previous mapping. */
 struct stress_result {
-    uint64_t rounds = 0, stale = 0, cached = 0;
+    uint64_t rounds = 0, stale = 0, cached = 0, unjudged = 0;
 };
 
 stress_result stress(unsigned rounds_per_thread, bool use_malloc)
@@ -213,7 +213,7 @@ stress_result stress(unsigned rounds_per_thread, bool use_malloc)
     token_cache cache;
     /* the threads first: their stacks must not land on the slots */
     std::atomic<bool> go{false};
-    std::atomic<uint64_t> stale{0}, cached{0}, rounds{0};
+    std::atomic<uint64_t> stale{0}, cached{0}, rounds{0}, unjudged{0};
     std::function<void(unsigned)> work;
     auto start = [&](unsigned seed) {
         while (!go.load()) {
@@ -276,6 +276,7 @@ stress_result stress(unsigned rounds_per_thread, bool use_malloc)
                 auto hit = cache.lookup(p, use_malloc ? big : len);
                 stale += hit.stale;
                 cached += hit.cached;
+                unjudged += hit.unjudged;
             }
             if (use_malloc) {
                 /* glibc grows a large chunk with mremap: in place, or
@@ -287,6 +288,7 @@ stress_result stress(unsigned rounds_per_thread, bool use_malloc)
                     auto hit = cache.lookup(p, 2 * big);
                     stale += hit.stale;
                     cached += hit.cached;
+                    unjudged += hit.unjudged;
                 }
                 free(p);
             } else {
@@ -299,7 +301,7 @@ stress_result stress(unsigned rounds_per_thread, bool use_malloc)
     go = true;
     a.join();
     b.join();
-    return stress_result{rounds.load(), stale.load(), cached.load()};
+    return stress_result{rounds.load(), stale.load(), cached.load(), unjudged.load()};
 }
 
 unsigned stress_rounds()
@@ -310,9 +312,10 @@ unsigned stress_rounds()
 
 void report(const stress_result &r)
 {
-    printf("rounds %lu, cached lookups %lu, stale %lu\n",
+    printf("rounds %lu, cached lookups %lu, stale %lu, not judged (merged "
+           "entries) %lu\n",
            static_cast<unsigned long>(r.rounds), static_cast<unsigned long>(r.cached),
-           static_cast<unsigned long>(r.stale));
+           static_cast<unsigned long>(r.stale), static_cast<unsigned long>(r.unjudged));
 }
 
 class Stress : public testing::TestWithParam<source_config> {
@@ -330,6 +333,7 @@ TEST_P(Stress, TwoThreadsMmapMunmapLoseNothing)
      * all-uncached run would be 0 stale by construction */
     EXPECT_GT(r.rounds, stress_rounds() / 20);
     EXPECT_GT(r.cached, r.rounds) << "too few lookups were cached to prove anything";
+    EXPECT_LT(r.unjudged * 100, r.cached) << "merged entries hid most hits from the oracle";
     EXPECT_EQ(0u, r.stale);
 }
 
@@ -345,6 +349,7 @@ TEST_P(Stress, TwoThreadsMallocReallocFreeLoseNothing)
     report(r);
     EXPECT_GT(r.rounds, stress_rounds() / 20);
     EXPECT_GT(r.cached, r.rounds) << "too few lookups were cached to prove anything";
+    EXPECT_LT(r.unjudged * 100, r.cached) << "merged entries hid most hits from the oracle";
     EXPECT_EQ(0u, r.stale);
 }
 
