@@ -35,7 +35,9 @@
  *      CHURN alloc=A size=S rounds=N us_round=U us_send=.. med_round=..
  *            med_send=.. us_alloc=.. us_free=.. stale=.. wrong=.. ...
  *    (us_*: means per round; med_*: medians over the rounds; alloc includes
- *    the fill, send the receive and its completion.)
+ *    the fill, send the receive and its completion; regs: ibv_reg_mr calls
+ *    during the timed rounds, when libcount_reg_mr.so is preloaded, else
+ *    -1.)
  *    stale: the receiver got the previous round's bytes; wrong: neither.
  *
  * Exit: 0 if every data check passed (and, with --component, no round was
@@ -439,7 +441,18 @@ struct churn_result {
     int    rounds = 0, stale = 0, wrong = 0, failed = 0, same_address = 0;
     double us_total = 0, us_alloc = 0, us_send = 0, us_check = 0, us_free = 0;
     std::vector<double> round_us, send_us; /* per timed round */
+    long regs = -1; /* ibv_reg_mr calls in the timed rounds, if counted */
 };
+
+/* libcount_reg_mr.so's running count, when it is preloaded: counted here,
+ * around the timed rounds, so that the setup's registrations (which vary
+ * with the pages the kernel migrates while they are pinned) stay out. */
+long reg_mr_calls()
+{
+    using count_fn = unsigned long (*)();
+    static auto fn = reinterpret_cast<count_fn>(dlsym(RTLD_DEFAULT, "count_reg_mr_calls"));
+    return fn ? static_cast<long>(fn()) : -1;
+}
 
 /* Median of v (0 when empty); reorders v. */
 double median_of(std::vector<double> &v)
@@ -471,8 +484,12 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
     void *last = nullptr;
     uint64_t seed = 1;
 
+    long regs_before = -1;
     for (int round = -warmup; round < rounds; ++round, ++seed) {
         bool timed = (round >= 0);
+        if (round == 0) {
+            regs_before = reg_mr_calls();
+        }
         auto t0 = clock::now();
         void *buf = use_malloc ? std::malloc(len) : libc_mmap(len);
         if ((buf == nullptr) || (buf == MAP_FAILED)) {
@@ -507,6 +524,9 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
             r.send_us.push_back(us(t1, t2));
         }
         last = buf;
+    }
+    if ((regs_before >= 0) && (rounds > 0)) {
+        r.regs = reg_mr_calls() - regs_before;
     }
     munmap(rbuf, len);
     return r;
@@ -638,10 +658,12 @@ int main(int argc, char **argv)
                     r.same_address, r.rounds);
         std::printf("CHURN alloc=%s size=%zu rounds=%d us_round=%.2f "
                     "us_send=%.2f med_round=%.2f med_send=%.2f us_alloc=%.2f "
-                    "us_free=%.2f stale=%d wrong=%d failed=%d same_address=%d\n",
+                    "us_free=%.2f stale=%d wrong=%d failed=%d same_address=%d "
+                    "regs=%ld\n",
                     alloc.c_str(), size, r.rounds, r.us_total / n,
                     r.us_send / n, med_round, med_send, r.us_alloc / n,
-                    r.us_free / n, r.stale, r.wrong, r.failed, r.same_address);
+                    r.us_free / n, r.stale, r.wrong, r.failed, r.same_address,
+                    r.regs);
         check((r.failed == 0) && (r.rounds == churn), "churn rounds ran");
         if (component != nullptr) {
             check((r.stale == 0) && (r.wrong == 0),
