@@ -5,12 +5,12 @@
 
 #include "dispatch.h"
 #include "page.h"
+#include "thread.h"
 #include "uffd.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
-#include <csignal>
 #include <cstring>
 #include <ctime>
 #include <linux/futex.h>
@@ -76,36 +76,19 @@ bool monitor::start(std::string *error)
         *error = std::string("eventfd: ") + strerror(errno);
         return false;
     }
-    stopping_   = false;
-    threads_up_ = 0;
-    /* No signal may interrupt or kill the reader: every thread blocked in
-     * munmap of a watched range depends on it (reader
-     * lifetime). The threads inherit this mask. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&reader_, nullptr, reader_main, this);
+    stopping_ = false;
+    int rc = start_thread(&reader_, reader_main, this, "kreg-reader");
     reader_running_ = (rc == 0);
     if (rc == 0) {
-        rc = pthread_create(&dispatcher_, nullptr, dispatcher_main, this);
+        rc = start_thread(&dispatcher_, dispatcher_main, this, "kreg-dispatch");
         dispatcher_running_ = (rc == 0);
     }
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
     if (rc != 0) {
         *error = std::string("pthread_create: ") + strerror(rc);
         stop_reader();
         ::close(wake_fd_);
         wake_fd_ = -1;
         return false;
-    }
-    pthread_setname_np(reader_, "kreg-reader");
-    pthread_setname_np(dispatcher_, "kreg-dispatch");
-    /* Fork during thread start: return only once both threads run their
-     * own code, so that a fork right after kreg_start() copies no thread
-     * still inside its runtime's setup (GCC 12's ASan allocates there and
-     * does not lock its allocator across fork(); see child_process.cc). */
-    for (uint32_t up; (up = threads_up_.load()) < 2;) {
-        threads_up_.wait(up);
     }
     return true;
 }
@@ -146,22 +129,14 @@ void monitor::forget_after_fork()
     }
 }
 
-void monitor::thread_up()
-{
-    threads_up_.fetch_add(1);
-    threads_up_.notify_all();
-}
-
 void *monitor::reader_main(void *arg)
 {
-    static_cast<monitor *>(arg)->thread_up();
     static_cast<monitor *>(arg)->read_loop();
     return nullptr;
 }
 
 void *monitor::dispatcher_main(void *arg)
 {
-    static_cast<monitor *>(arg)->thread_up();
     static_cast<monitor *>(arg)->dispatch_loop();
     return nullptr;
 }

@@ -75,7 +75,6 @@ private:
     void push(uintptr_t start, uintptr_t end, uint32_t count, bool gone);
     bool uffd_has_events() const;
     void wake_dispatcher();
-    void thread_up();
 
     const uffd  &uffd_;
     const gone_fn   gone_;
@@ -85,7 +84,6 @@ private:
     pthread_t    reader_{}, dispatcher_{};
     bool         reader_running_ = false, dispatcher_running_ = false;
     std::atomic<bool> stopping_{false};
-    std::atomic<uint32_t> threads_up_{0}; /* start()'s handshake */
 
     /* reader <-> dispatcher only; neither does anything else under it */
     std::mutex         q_lock_;

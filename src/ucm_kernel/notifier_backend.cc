@@ -20,6 +20,7 @@
  */
 #include "backend.h"
 #include "dispatch.h"
+#include "thread.h"
 
 #include "kmod/uapi/kreg_notifier.h"
 
@@ -27,7 +28,6 @@
 #include <cerrno>
 #include <deque>
 #include <map>
-#include <csignal>
 #include <cstring>
 #include <fcntl.h>
 #include <mutex>
@@ -130,15 +130,10 @@ public:
         if (wake_fd_ < 0) {
             return fail(KREG_REASON_OTHER, std::string("eventfd: ") + strerror(errno));
         }
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        const int rc = pthread_create(&reader_, nullptr, reader_main, this);
-        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+        const int rc = start_thread(&reader_, reader_main, this, "kreg-notifier");
         if (rc != 0) {
             return fail(KREG_REASON_OTHER, std::string("pthread_create: ") + strerror(rc));
         }
-        pthread_setname_np(reader_, "kreg-notifier");
         reader_running_ = true;
         ucs_debug("kreg: %s, ABI %u, %lu ranges at most, counters %zu bytes at %p",
                   KREG_NF_DEVICE, info.abi_version, max_ranges_, counters_size_,
