@@ -57,6 +57,60 @@ inline double median(std::vector<double> v)
     return (n % 2) ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* ---- the speed state ------------------------------------------------- *
+ * The CPU's speed moves under a benchmark here: in the Soft-RoCE guest
+ * (qemu TCG) a fixed loop runs at one speed for seconds, then 1.7x slower
+ * for seconds (3.5 vs 6 ns an iteration), and a shared host does the like
+ * through steal time. Two processes timed one after the other then compare
+ * the machine's states, not the code: under TCG the same cache hit took
+ * 520 ns in one process and 1050 ns in the next, whatever the
+ * configuration. So a pure-CPU figure (a cache hit) is also expressed in
+ * iterations of a fixed reference loop timed right before and after each
+ * batch, which moves with the state (bench/README.md, "Noise"). */
+inline double reference_ns()
+{
+    static volatile uint64_t cells[64];
+    constexpr unsigned kIters = 300000; /* ~0.4 ms on the host, ~1-2 ms under TCG */
+    const uint64_t t0 = now_ns();
+    uint64_t sum = 0;
+    for (unsigned i = 0; i < kIters; ++i) {
+        sum += cells[i & 63];
+        cells[(i * 7) & 63] = sum;
+    }
+    return static_cast<double>(now_ns() - t0) / kIters;
+}
+
+struct batch_times {
+    double ns;     /* median ns per operation over the batches */
+    double in_ref; /* median over the batches of ns per operation divided by
+                      the reference loop's ns per iteration around it */
+    double ref_ns; /* median ns per iteration of the reference loop */
+};
+
+/* Runs batch() (returns ns per operation, < 0 on failure) for about ms of
+ * wall time and at least min_batches times, each between two reference
+ * loops. {-1, -1, -1} if a batch failed. */
+template <class Batch>
+batch_times time_batches(Batch &&batch, double ms, size_t min_batches = 5)
+{
+    std::vector<double> ns, in_ref, ref;
+    const uint64_t end = now_ns() + static_cast<uint64_t>(ms * 1e6);
+    double before      = reference_ns();
+    ref.push_back(before);
+    do {
+        const double op = batch();
+        if (op < 0) {
+            return {-1, -1, -1};
+        }
+        const double after = reference_ns();
+        ns.push_back(op);
+        in_ref.push_back(op / ((before + after) / 2));
+        ref.push_back(after);
+        before = after;
+    } while ((now_ns() < end) || (ns.size() < min_batches));
+    return {median(ns), median(in_ref), median(ref)};
+}
+
 /* Keeps the compiler from dropping a malloc/free pair or a store. */
 inline void escape(void *p)
 {

@@ -22,9 +22,9 @@ void result(const std::string &key, double ns)
     fflush(stdout);
 }
 
-/* f(n) runs n operations and returns the ns they took (may time only a part
- * of each). Calibrated on wall time to ~g_target_ms; median of g_inner. */
-template <class F> double per_op(F &&f)
+/* How many operations f(n) (runs n, returns the ns they took) needs for
+ * about ms of wall time. */
+template <class F> uint64_t calibrate(F &&f, double ms)
 {
     uint64_t n = 1;
     for (;;) {
@@ -32,16 +32,31 @@ template <class F> double per_op(F &&f)
         f(n);
         const double wall = static_cast<double>(now_ns() - t0);
         if (wall > 5e6 || n > (1ull << 30)) {
-            n = std::max<uint64_t>(1, static_cast<uint64_t>(n * g_target_ms * 1e6 / wall));
-            break;
+            return std::max<uint64_t>(1, static_cast<uint64_t>(n * ms * 1e6 / wall));
         }
         n *= 4;
     }
+}
+
+/* f(n) runs n operations and returns the ns they took (may time only a part
+ * of each). Calibrated on wall time to ~g_target_ms; median of g_inner. */
+template <class F> double per_op(F &&f)
+{
+    const uint64_t n = calibrate(f, g_target_ms);
     std::vector<double> v;
     for (int i = 0; i < g_inner; ++i) {
         v.push_back(static_cast<double>(f(n)) / static_cast<double>(n));
     }
     return median(v);
+}
+
+/* The same for a pure-CPU operation, as much time in batches of ~4 ms, each
+ * between two reference loops (bench_util.h, "the speed state"). */
+template <class F> batch_times per_op_in_ref(F &&f)
+{
+    const uint64_t n = calibrate(f, 4);
+    return time_batches([&] { return static_cast<double>(f(n)) / static_cast<double>(n); },
+                        g_target_ms * g_inner, 2 * static_cast<size_t>(g_inner));
 }
 
 /* ---- P1: unregistered memory ------------------------------------------ */
@@ -111,7 +126,7 @@ void measure_hits(bench_cache *c)
         }
         cache_put(c, r);
         const uint64_t regs = c->regs.load();
-        result(key, per_op([c, buf, size](uint64_t n) {
+        const batch_times t = per_op_in_ref([c, buf, size](uint64_t n) {
             const uint64_t t0 = now_ns();
             for (uint64_t i = 0; i < n; ++i) {
                 bench_region *h;
@@ -120,7 +135,10 @@ void measure_hits(bench_cache *c)
                 }
             }
             return now_ns() - t0;
-        }));
+        });
+        result(key, t.ns);
+        result(key + ".ref", t.in_ref);
+        result(key + ".ref_ns", t.ref_ns);
         if (c->regs.load() != regs) {
             fprintf(stderr, "bench: %s: %lu of the hits were misses\n", key.c_str(),
                     static_cast<unsigned long>(c->regs.load() - regs));

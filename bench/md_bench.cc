@@ -21,10 +21,12 @@
  *              UCX's default UCM hooks
  *
  * A run takes every configuration once, in an order that rotates from run
- * to run; a child times batches of operations for about MS ms and reports
- * the median ns per operation of its batches. Printed: for each
- * configuration but stock_md, the median over the runs of the ratio to
- * stock_md measured in the same run, and a raw line:
+ * to run; a child times batches of operations for about MS ms, each batch
+ * between two runs of a reference loop, and reports the median batch in ns
+ * per operation and in reference-loop iterations (bench_util.h, "the speed
+ * state"). Printed: for each configuration but stock_md, the median over
+ * the runs of the ratio to stock_md measured in the same run, in
+ * reference-loop units, and a raw line with the ns and their ratio:
  *
  *   # backend: NAME mode: NAME (...)     what "default" is here
  *   P2 md_hit_64k.default/stock_md 1.23
@@ -47,23 +49,21 @@ constexpr size_t kLen = 64 * 1024;
 
 /* ---- child ---------------------------------------------------------------- */
 
-/* ns per operation: batches of `batch` operations for about `ms` of wall
- * time, the median batch */
-template <class Op> double time_ops(Op &&op, double ms)
+/* ns per operation, batches of `batch` operations for about `ms` of wall
+ * time, each between two reference loops (bench_util.h, "the speed
+ * state"): the median batch in ns and in reference-loop units */
+template <class Op> batch_times time_ops(Op &&op, double ms)
 {
-    constexpr unsigned batch = 200;
-    std::vector<double> per_op;
-    const uint64_t end = now_ns() + static_cast<uint64_t>(ms * 1e6);
-    do {
+    constexpr unsigned batch = 2000;
+    return time_batches([&]() -> double {
         const uint64_t t0 = now_ns();
         for (unsigned i = 0; i < batch; ++i) {
             if (!op()) {
                 return -1;
             }
         }
-        per_op.push_back(static_cast<double>(now_ns() - t0) / batch);
-    } while ((now_ns() < end) || (per_op.size() < 5));
-    return median(per_op);
+        return static_cast<double>(now_ns() - t0) / batch;
+    }, ms);
 }
 
 int child(const std::string &config, const std::string &lib,
@@ -124,7 +124,7 @@ int child(const std::string &config, const std::string &lib,
     uct_md_mem_dereg(md, first);
 
     bool hit = true;
-    const double ns = time_ops([&]() {
+    const batch_times t = time_ops([&]() {
         uct_mem_h memh;
         if (uct_md_mem_reg(md, buf, kLen, UCT_MD_MEM_ACCESS_ALL, &memh) != UCS_OK) {
             return false;
@@ -136,12 +136,14 @@ int child(const std::string &config, const std::string &lib,
 
     uct_md_close(md);
     munmap(buf, kLen);
-    if ((ns < 0) || !hit) {
+    if ((t.ns < 0) || !hit) {
         fprintf(stderr, "md_bench: %s: %s\n", config.c_str(),
-                (ns < 0) ? "a registration failed" : "a registration missed the cache");
+                (t.ns < 0) ? "a registration failed" : "a registration missed the cache");
         return 4;
     }
-    printf("R md_hit_64k %.2f\n", ns);
+    printf("R md_hit_64k %.2f\n", t.ns);
+    printf("R md_hit_64k.ref %.4f\n", t.in_ref);
+    printf("R md_hit_64k.ref_ns %.4f\n", t.ref_ns);
     return 0;
 }
 
@@ -160,15 +162,17 @@ int parent(int reps, const std::string &lib, const std::string &device,
     if (access("/dev/kreg_notifier", R_OK | W_OK) == 0) {
         cfgs.push_back("uffd");
     }
-    std::map<std::string, std::vector<double>> ns;      /* cfg -> per run */
-    std::map<std::string, std::vector<double>> ratios;  /* cfg -> per run */
+    std::map<std::string, std::vector<double>> ns;        /* cfg -> per run */
+    std::map<std::string, std::vector<double>> ratios;    /* cfg -> per run */
+    std::map<std::string, std::vector<double>> ns_ratios; /* the same in ns */
+    std::map<std::string, std::vector<double>> ref_ns;    /* the loop's speed */
     std::string backend_line;
     int rc = 0;
 
     printf("# md_bench: uct_md_mem_reg + uct_md_mem_dereg of a cached 64 KiB "
            "buffer; %d runs, %.0f ms per child\n", reps, ms);
     for (int rep = 0; rep < reps; ++rep) {
-        std::map<std::string, double> run;
+        std::map<std::string, double> run, run_ns, run_ref_ns;
         for (size_t i = 0; i < cfgs.size(); ++i) {
             const std::string &cfg = cfgs[(i + rep) % cfgs.size()];
             std::vector<std::string> args = {"--child", cfg, "--lib", lib, "--ms",
@@ -180,8 +184,12 @@ int parent(int reps, const std::string &lib, const std::string &device,
                                                    child_env(cfg), 120, true);
             read_child_results(res.output, cfg, &backend_line,
                                [&](const char *key, double v) {
-                                   if (strcmp(key, "md_hit_64k") == 0) {
+                                   if (strcmp(key, "md_hit_64k.ref") == 0) {
                                        run[cfg] = v;
+                                   } else if (strcmp(key, "md_hit_64k") == 0) {
+                                       run_ns[cfg] = v;
+                                   } else if (strcmp(key, "md_hit_64k.ref_ns") == 0) {
+                                       run_ref_ns[cfg] = v;
                                    }
                                });
             if (res.status != 0) {
@@ -191,9 +199,12 @@ int parent(int reps, const std::string &lib, const std::string &device,
             }
         }
         for (const auto &[cfg, v] : run) {
-            ns[cfg].push_back(v);
-            if ((cfg != "stock_md") && run.count("stock_md") && (run["stock_md"] > 0)) {
+            ns[cfg].push_back(run_ns[cfg]);
+            ref_ns[cfg].push_back(run_ref_ns[cfg]);
+            if ((cfg != "stock_md") && run.count("stock_md") && (run["stock_md"] > 0) &&
+                (run_ns["stock_md"] > 0)) {
                 ratios[cfg].push_back(v / run["stock_md"]);
+                ns_ratios[cfg].push_back(run_ns[cfg] / run_ns["stock_md"]);
             }
         }
     }
@@ -213,9 +224,12 @@ int parent(int reps, const std::string &lib, const std::string &device,
         }
         const auto mm = std::minmax_element(r.begin(), r.end());
         printf("P2 %s %.2f\n", label.c_str(), median(r));
-        printf("# raw %s: %.1f ns vs %.1f ns (medians); ratio over %zu runs %.2f..%.2f\n",
+        printf("# raw %s: %.1f ns vs %.1f ns (medians); ratio over %zu runs %.2f..%.2f; "
+               "in reference-loop units (the figure), the ratio of ns %.2f; the loop "
+               "%.2f vs %.2f ns an iteration\n",
                label.c_str(), median(ns[cfg]), median(ns["stock_md"]), r.size(),
-               *mm.first, *mm.second);
+               *mm.first, *mm.second, median(ns_ratios[cfg]), median(ref_ns[cfg]),
+               median(ref_ns["stock_md"]));
     }
     return rc;
 }
