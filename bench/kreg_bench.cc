@@ -23,6 +23,9 @@
  *   P3 munmap_1m[_to_rcache].<config>/hooks <ratio> freeing a cached buffer
  *   P4 miss_64k.<config>/nowatch <ratio>           the watch in a miss
  *   # raw ...                                      medians in ns per op
+ *   # in-process hit_<size>.<config>/ucs_rcache_get <ratio>
+ *        the hit against ucs_rcache_get alone on the same rcache, batches
+ *        alternating in one process: what the check adds, nothing else
  *
  * P2's ratio is of the hit in iterations of a reference loop timed around
  * each batch (bench_util.h, "the speed state": under TCG the CPU's speed
@@ -188,6 +191,23 @@ int parent(int reps)
                    median(ra), median(rb));
         }
         printf("\n");
+    }
+    /* the check's cost inside one process (kreg_bench_measure.cc) */
+    for (const char *key : {"P2.hit_64k", "P2.hit_1m"}) {
+        for (const std::string &cfg : cfgs) {
+            std::vector<double> v;
+            for (const run_timings &r : runs) {
+                double x = 0;
+                if (value(r, cfg, std::string(key) + ".inproc", &x)) {
+                    v.push_back(x);
+                }
+            }
+            if (!v.empty()) {
+                const auto mm = std::minmax_element(v.begin(), v.end());
+                printf("# in-process %s.%s/ucs_rcache_get %.2f (over %zu runs %.2f..%.2f)\n",
+                       key + 3, cfg.c_str(), median(v), v.size(), *mm.first, *mm.second);
+            }
+        }
     }
     /* absolute ns per hit */
     for (const char *key : {"P2.hit_64k", "P2.hit_1m"}) {

@@ -126,7 +126,7 @@ void measure_hits(bench_cache *c)
         }
         cache_put(c, r);
         const uint64_t regs = c->regs.load();
-        const batch_times t = per_op_in_ref([c, buf, size](uint64_t n) {
+        auto hits = [c, buf, size](uint64_t n) {
             const uint64_t t0 = now_ns();
             for (uint64_t i = 0; i < n; ++i) {
                 bench_region *h;
@@ -135,10 +135,34 @@ void measure_hits(bench_cache *c)
                 }
             }
             return now_ns() - t0;
-        });
+        };
+        const batch_times t = per_op_in_ref(hits);
         result(key, t.ns);
         result(key + ".ref", t.in_ref);
         result(key + ".ref_ns", t.ref_ns);
+        if (c->kernel) {
+            /* The same hits beside ucs_rcache_get alone on the same rcache
+             * and buffer, batches alternating: what our check adds, with
+             * no second process whose speed could differ. */
+            auto ucs_hits = [c, buf, size](uint64_t n) {
+                const uint64_t t0 = now_ns();
+                for (uint64_t i = 0; i < n; ++i) {
+                    ucs_rcache_region_t *h;
+                    if (ucs_rcache_get(c->rc, buf, size, PROT_READ | PROT_WRITE, nullptr,
+                                       &h) == UCS_OK) {
+                        ucs_rcache_region_put(c->rc, h);
+                    }
+                }
+                return now_ns() - t0;
+            };
+            const uint64_t n = calibrate(hits, 4);
+            std::vector<double> ratios;
+            for (int i = 0; i < 2 * g_inner; ++i) {
+                const double ours = static_cast<double>(hits(n));
+                ratios.push_back(ours / static_cast<double>(ucs_hits(n)));
+            }
+            result(key + ".inproc", median(ratios));
+        }
         if (c->regs.load() != regs) {
             fprintf(stderr, "bench: %s: %lu of the hits were misses\n", key.c_str(),
                     static_cast<unsigned long>(c->regs.load() - regs));
