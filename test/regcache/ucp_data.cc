@@ -37,7 +37,9 @@
  *    (us_*: means per round; med_*: medians over the rounds; alloc includes
  *    the fill, send the receive and its completion; regs: ibv_reg_mr calls
  *    during the timed rounds, when libcount_reg_mr.so is preloaded, else
- *    -1.)
+ *    -1; changed: registrations the library refused in them because the
+ *    kernel changed the pages while they were pinned, each after its
+ *    tries, with the component, else -1.)
  *    stale: the receiver got the previous round's bytes; wrong: neither.
  *
  * Exit: 0 if every data check passed (and, with --component, no round was
@@ -51,6 +53,7 @@
  * it.
  */
 #include "test_buffers.h"
+#include "ucm_kernel/ucm_kernel.h" /* kreg_stats_t; the function by dlsym */
 
 #include <ucp/api/ucp.h>
 
@@ -442,6 +445,9 @@ struct churn_result {
     double us_total = 0, us_alloc = 0, us_send = 0, us_check = 0, us_free = 0;
     std::vector<double> round_us, send_us; /* per timed round */
     long regs = -1; /* ibv_reg_mr calls in the timed rounds, if counted */
+    long changed = -1; /* registrations the library refused in them because
+                          the kernel changed the pages while they were
+                          being pinned (kreg_get_stats), if loaded */
 };
 
 /* libcount_reg_mr.so's running count, when it is preloaded: counted here,
@@ -452,6 +458,20 @@ long reg_mr_calls()
     using count_fn = unsigned long (*)();
     static auto fn = reinterpret_cast<count_fn>(dlsym(RTLD_DEFAULT, "count_reg_mr_calls"));
     return fn ? static_cast<long>(fn()) : -1;
+}
+
+/* kreg_get_stats's refusals for pages that changed while being pinned,
+ * when the component (and so libucm_kernel) is loaded; else -1 */
+long changed_refusals()
+{
+    using stats_fn = void (*)(kreg_stats_t *);
+    static auto fn = reinterpret_cast<stats_fn>(dlsym(RTLD_DEFAULT, "kreg_get_stats"));
+    if (fn == nullptr) {
+        return -1;
+    }
+    kreg_stats_t st;
+    fn(&st);
+    return static_cast<long>(st.fallbacks[KREG_REASON_CHANGED]);
 }
 
 /* Median of v (0 when empty); reorders v. */
@@ -484,11 +504,12 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
     void *last = nullptr;
     uint64_t seed = 1;
 
-    long regs_before = -1;
+    long regs_before = -1, changed_before = -1;
     for (int round = -warmup; round < rounds; ++round, ++seed) {
         bool timed = (round >= 0);
         if (round == 0) {
-            regs_before = reg_mr_calls();
+            regs_before    = reg_mr_calls();
+            changed_before = changed_refusals();
         }
         auto t0 = clock::now();
         void *buf = use_malloc ? std::malloc(len) : libc_mmap(len);
@@ -527,6 +548,9 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
     }
     if ((regs_before >= 0) && (rounds > 0)) {
         r.regs = reg_mr_calls() - regs_before;
+    }
+    if ((changed_before >= 0) && (rounds > 0)) {
+        r.changed = changed_refusals() - changed_before;
     }
     munmap(rbuf, len);
     return r;
@@ -659,11 +683,11 @@ int main(int argc, char **argv)
         std::printf("CHURN alloc=%s size=%zu rounds=%d us_round=%.2f "
                     "us_send=%.2f med_round=%.2f med_send=%.2f us_alloc=%.2f "
                     "us_free=%.2f stale=%d wrong=%d failed=%d same_address=%d "
-                    "regs=%ld\n",
+                    "regs=%ld changed=%ld\n",
                     alloc.c_str(), size, r.rounds, r.us_total / n,
                     r.us_send / n, med_round, med_send, r.us_alloc / n,
                     r.us_free / n, r.stale, r.wrong, r.failed, r.same_address,
-                    r.regs);
+                    r.regs, r.changed);
         check((r.failed == 0) && (r.rounds == churn), "churn rounds ran");
         if (component != nullptr) {
             check((r.stale == 0) && (r.wrong == 0),
