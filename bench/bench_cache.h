@@ -200,7 +200,8 @@ inline void cache_dump(void *context, ucs_rcache_t *rcache,
 
 inline const ucs_rcache_ops_t *cache_ops()
 {
-    static const ucs_rcache_ops_t ops = {cache_mem_reg, cache_mem_dereg, cache_dump};
+    static const ucs_rcache_ops_t ops =
+            kreg_tools::watched_rcache_ops(cache_mem_reg, cache_mem_dereg, cache_dump);
     return &ops;
 }
 
@@ -234,7 +235,7 @@ inline ucs_status_t cache_get(bench_cache *c, void *addr, size_t len, bench_regi
     ucs_status_t st =
             c->kernel ? kreg_rcache_get(c->rc, addr, len, PROT_READ | PROT_WRITE,
                                         nullptr, offsetof(bench_region, watch), &rr) :
-                        ucs_rcache_get(c->rc, addr, len, PROT_READ | PROT_WRITE,
+                        kreg_ucs_rcache_get(c->rc, addr, len, PROT_READ | PROT_WRITE,
                                        nullptr, &rr);
     *r = reinterpret_cast<bench_region *>(rr);
     return st;

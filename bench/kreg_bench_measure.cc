@@ -148,7 +148,7 @@ void measure_hits(bench_cache *c)
                 const uint64_t t0 = now_ns();
                 for (uint64_t i = 0; i < n; ++i) {
                     ucs_rcache_region_t *h;
-                    if (ucs_rcache_get(c->rc, buf, size, PROT_READ | PROT_WRITE, nullptr,
+                    if (kreg_ucs_rcache_get(c->rc, buf, size, PROT_READ | PROT_WRITE, nullptr,
                                        &h) == UCS_OK) {
                         ucs_rcache_region_put(c->rc, h);
                     }
@@ -305,7 +305,7 @@ void measure_miss_watch()
         const uint64_t t0   = now_ns();
         for (uint64_t i = 0; i < n; ++i) {
             ucs_rcache_region_t *r;
-            if (ucs_rcache_get(c->rc, buf, size, PROT_READ | PROT_WRITE, nullptr,
+            if (kreg_ucs_rcache_get(c->rc, buf, size, PROT_READ | PROT_WRITE, nullptr,
                                &r) != UCS_OK) {
                 die("P4 registration");
             }

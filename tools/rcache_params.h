@@ -11,9 +11,7 @@
 #include <unistd.h>
 
 #include <ucm/api/ucm.h>
-extern "C" {
-#include <ucs/memory/rcache.h> /* has no C++ guards */
-}
+#include <ucm_kernel/ucm_kernel.h> /* KREG_UCS_RCACHE_* */
 
 namespace kreg_tools {
 
@@ -24,11 +22,12 @@ inline ucs_rcache_params_t watched_rcache_params(size_t region_size,
                                                  const ucs_rcache_ops_t *ops,
                                                  void *ctx)
 {
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     ucs_rcache_params_t params = {};
     params.region_struct_size  = region_size;
-    params.alignment           = page;
-    params.max_alignment       = page;
+#if !KREG_UCS_RCACHE_GET_ALIGNS /* since 1.17 each lookup passes it */
+    params.alignment           = kreg_page_size;
+    params.max_alignment       = kreg_page_size;
+#endif
     params.ucm_events          = UCM_EVENT_VM_UNMAPPED;
     params.ucm_event_priority  = 1000;
     params.ops                 = ops;
@@ -38,6 +37,22 @@ inline ucs_rcache_params_t watched_rcache_params(size_t region_size,
     params.max_size            = SIZE_MAX;
     params.max_unreleased      = SIZE_MAX;
     return params;
+}
+
+/* The ops of such a cache on every UCX it builds against: UCS 1.18+ calls
+ * a merge callback unconditionally (these caches keep nothing to merge). */
+inline ucs_rcache_ops_t watched_rcache_ops(decltype(ucs_rcache_ops_t::mem_reg) reg,
+                                           decltype(ucs_rcache_ops_t::mem_dereg) dereg,
+                                           decltype(ucs_rcache_ops_t::dump_region) dump)
+{
+    ucs_rcache_ops_t ops = {};
+    ops.mem_reg     = reg;
+    ops.mem_dereg   = dereg;
+#if KREG_UCS_RCACHE_OPS_MERGE
+    ops.merge       = [](void *, ucs_rcache_t *, void *, ucs_rcache_region_t *) {};
+#endif
+    ops.dump_region = dump;
+    return ops;
 }
 
 } // namespace kreg_tools

@@ -128,11 +128,9 @@ struct uring_rcache_ops {
     }
 };
 
-static const ucs_rcache_ops_t rcache_ops = {
-    uring_rcache_ops::mem_reg,
-    uring_rcache_ops::mem_dereg,
-    uring_rcache_ops::dump_region,
-};
+static const ucs_rcache_ops_t rcache_ops = kreg_tools::watched_rcache_ops(
+        uring_rcache_ops::mem_reg, uring_rcache_ops::mem_dereg,
+        uring_rcache_ops::dump_region);
 
 static bool kernel_source_running();
 
@@ -311,7 +309,7 @@ std::vector<unsigned char> uring_rcache::transfer(const void *addr, size_t len)
                       (m_src == source::kernel) ?
                       kreg_rcache_get(m_rcache, vaddr, len, PROT_READ | PROT_WRITE,
                                       nullptr, offsetof(region, watch), &rregion) :
-                      ucs_rcache_get(m_rcache, vaddr, len,
+                      kreg_ucs_rcache_get(m_rcache, vaddr, len,
                                      PROT_READ | PROT_WRITE, nullptr, &rregion);
     if (st == UCS_OK) {
         auto *r = reinterpret_cast<region*>(rregion);

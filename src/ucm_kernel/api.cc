@@ -17,6 +17,9 @@ extern "C" {
 #include <ucs/memory/rcache.h> /* has no C++ guards */
 }
 
+/* ucm_kernel.h: the alignment kreg_ucs_rcache_get passes on UCX 1.17+ */
+size_t kreg_page_size = kreg::page_size();
+
 namespace kreg {
 namespace {
 
@@ -222,7 +225,7 @@ ucs_status_t kreg_rcache_get_checked(struct ucs_rcache *rcache, void *addr,
             kreg_prepare_lookup(addr, len);
         }
         ucs_rcache_region_t *region;
-        ucs_status_t status = ucs_rcache_get(rcache, addr, len, prot, arg, &region);
+        ucs_status_t status = kreg_ucs_rcache_get(rcache, addr, len, prot, arg, &region);
         if (status != UCS_OK) {
             return status;
         }

@@ -5,6 +5,7 @@
 #include <ucs/sys/preprocessor.h>
 #include <ucs/sys/compiler_def.h>
 #include <ucs/config/parser.h>
+#include <ucp/api/ucp_version.h> /* UCS has no version macro of its own */
 
 const char *kreg_backend_choice_names[] = {
     [KREG_BACKEND_CHOICE_AUTO]     = "auto",
@@ -91,9 +92,17 @@ UCS_CONFIG_REGISTER_TABLE(kreg_options_table, "Kernel memory events (ucx-kreg)",
 
 ucs_status_t kreg_options_read(kreg_options_t *opts)
 {
-    /* On a bad value UCS logs which variable is wrong */
+    /* On a bad value UCS logs which variable is wrong. Since UCX 1.15 UCS
+     * takes the table's entry (with its "KREG_" prefix) instead of the
+     * table and the prefix. */
+#if UCP_API_VERSION >= UCP_VERSION(1, 15)
+    return ucs_config_parser_fill_opts(opts,
+                                       UCS_CONFIG_GET_TABLE(kreg_options_table),
+                                       UCS_DEFAULT_ENV_PREFIX, 0);
+#else
     return ucs_config_parser_fill_opts(opts, kreg_options_table,
                                        UCS_DEFAULT_ENV_PREFIX, "KREG_", 0);
+#endif
 }
 
 void kreg_options_release(kreg_options_t *opts)

@@ -37,11 +37,37 @@ extern "C" {
 #endif
 
 #include <ucs/memory/rcache.h> /* has no C++ guards of its own */
+#include <ucp/api/ucp_version.h> /* UCS has no version macro of its own */
 
 #define KREG_API __attribute__((visibility("default")))
 
 struct ucs_rcache;
 struct ucs_rcache_region;
+
+/* Page size, set when the library loads: the alignment of every watched
+ * cache's regions (a watch covers whole pages). */
+KREG_API extern size_t kreg_page_size;
+
+/* UCS's rcache API across the UCX versions this builds against (1.13.1 and
+ * 1.22.0 are built and tested): ucs_rcache_get takes the region alignment
+ * since UCX 1.17 (before, ucs_rcache_params_t's alignment fields set it);
+ * since 1.18 ucs_rcache_ops_t has a merge callback that UCS calls without
+ * checking it for NULL. */
+#define KREG_UCS_RCACHE_GET_ALIGNS (UCP_API_VERSION >= UCP_VERSION(1, 17))
+#define KREG_UCS_RCACHE_OPS_MERGE  (UCP_API_VERSION >= UCP_VERSION(1, 18))
+
+static inline ucs_status_t kreg_ucs_rcache_get(struct ucs_rcache *rcache,
+                                               void *addr, size_t len,
+                                               int prot, void *arg,
+                                               struct ucs_rcache_region **region_p)
+{
+#if KREG_UCS_RCACHE_GET_ALIGNS
+    return ucs_rcache_get(rcache, addr, len, kreg_page_size, prot, arg,
+                          region_p);
+#else
+    return ucs_rcache_get(rcache, addr, len, prot, arg, region_p);
+#endif
+}
 
 /* Which kernel mechanism watches (UCX_KREG_BACKEND). */
 typedef enum {
@@ -251,7 +277,7 @@ static inline ucs_status_t kreg_rcache_get(struct ucs_rcache *rcache,
         return kreg_rcache_get_checked(rcache, addr, len, prot, arg,
                                        watch_offset, region_p);
     }
-    status = ucs_rcache_get(rcache, addr, len, prot, arg, &region);
+    status = kreg_ucs_rcache_get(rcache, addr, len, prot, arg, &region);
     if (status != UCS_OK) {
         return status;
     }

@@ -179,7 +179,8 @@ void *map_anon(size_t len, void *hint, int extra_flags)
 
 token_cache::token_cache(bool watched) : watched_(watched)
 {
-    static const ucs_rcache_ops_t ops = {mem_reg, mem_dereg, dump};
+    static const ucs_rcache_ops_t ops =
+            kreg_tools::watched_rcache_ops(mem_reg, mem_dereg, dump);
 
     const ucs_rcache_params_t params =
             kreg_tools::watched_rcache_params(sizeof(token_region), &ops, this);

@@ -29,6 +29,7 @@
  * queue pairs, the rounds and their oracle) read top to bottom.
  */
 #include "ucm_kernel/ucm_kernel.h"
+#include "tools/rcache_params.h"
 
 #include <infiniband/verbs.h>
 #include <ucm/api/ucm.h>
@@ -137,7 +138,8 @@ void dump_region(void *, ucs_rcache_t *, ucs_rcache_region_t *rregion,
     std::snprintf(buf, max, "lkey 0x%x", r->mr ? r->mr->lkey : 0);
 }
 
-const ucs_rcache_ops_t rcache_ops = {mem_reg, mem_dereg, dump_region};
+const ucs_rcache_ops_t rcache_ops =
+        kreg_tools::watched_rcache_ops(mem_reg, mem_dereg, dump_region);
 
 /* Two RC QPs on one port, connected to each other. */
 struct loopback {
@@ -377,18 +379,8 @@ int main(int argc, char **argv)
     if (!peer_mr) fatal("ibv_reg_mr (peer)");
 
     ctx c{lb.pd, kernel, 0, 0, KREG_REASON_NONE};
-    ucs_rcache_params_t params{};
-    params.region_struct_size = sizeof(region);
-    params.alignment          = UCS_RCACHE_MIN_ALIGNMENT;
-    params.max_alignment      = size_t(sysconf(_SC_PAGESIZE));
-    params.ucm_events         = UCM_EVENT_VM_UNMAPPED;
-    params.ucm_event_priority = 1000;
-    params.ops                = &rcache_ops;
-    params.context            = &c;
-    params.flags              = 0;
-    params.max_regions        = ULONG_MAX;
-    params.max_size           = SIZE_MAX;
-    params.max_unreleased     = SIZE_MAX;
+    const ucs_rcache_params_t params =
+            kreg_tools::watched_rcache_params(sizeof(region), &rcache_ops, &c);
     ucs_rcache_t *rcache = nullptr;
     if (ucs_rcache_create(&params, "verbs_stale", nullptr, &rcache) != UCS_OK) {
         std::fprintf(stderr, "verbs_stale: ucs_rcache_create failed\n");
@@ -400,7 +392,7 @@ int main(int argc, char **argv)
         ucs_status_t st =
                 kernel ? kreg_rcache_get(rcache, addr, kLen, PROT_READ | PROT_WRITE,
                                          nullptr, offsetof(region, watch), &r) :
-                         ucs_rcache_get(rcache, addr, kLen, PROT_READ | PROT_WRITE,
+                         kreg_ucs_rcache_get(rcache, addr, kLen, PROT_READ | PROT_WRITE,
                                         nullptr, &r);
         return (st == UCS_OK) ? reinterpret_cast<region*>(r) : nullptr;
     };

@@ -2,10 +2,12 @@
  * Load time of libuct_ib_regcache: the checks before the component is
  * registered (the running UCX is the one it was built against; UCP's own
  * registration cache is off), the registration itself (the version layer,
- * ucx_1_13.c) and the library's entry point for launchers.
+ * handed the md's operations) and the library's entry point for launchers.
  *
  * UCX 1.13 loads only the modules named at its build: this library is
- * loaded with LD_PRELOAD or dlopen before ucp_init (tools/kreg-run).
+ * loaded with LD_PRELOAD or dlopen before ucp_init (tools/kreg-run). UCX
+ * 1.22 also loads it from UCX_PLUGIN_PATH or its module directory, as
+ * module "regcache" of framework "uct_ib", after UCP has read its options.
  */
 #include "ib_regcache.h"
 #include "ucx_layer.h"
@@ -38,10 +40,11 @@ static int kreg_value_is_off(const char *v)
            !strcasecmp(v, "off") || !strcmp(v, "0");
 }
 
-/* UCP 1.13's own cache (UCX_RCACHE_ENABLE, default "try") keeps memory
- * handles above the md: its hits never reach our lookup check. Must run
- * before ucp_init() reads its configuration. (UCX 1.16+ caches in UCP per
- * md where md_attr.cache_mem_types says so; see README.md.) */
+/* UCP's own cache (UCX_RCACHE_ENABLE, default "try") keeps memory handles
+ * above the md: its hits never reach our lookup check. Must run before UCP
+ * reads its configuration: in time when the library is preloaded or
+ * dlopen()ed before ucp_init; too late when UCX 1.22 loads it as a plugin,
+ * where libucs_kreg (ucs_module.c, loaded with libucs) has set it first. */
 static void kreg_check_ucp_rcache(void)
 {
     const char *v = getenv("UCX_RCACHE_ENABLE");
@@ -58,6 +61,28 @@ static void kreg_check_ucp_rcache(void)
                      sizeof(kreg_ucp_rcache_value));
 }
 
+kreg_ucp_rcache_state_t kreg_ucp_rcache_get_state(void)
+{
+    /* the constructor's default came after UCP had read the variable */
+    if ((kreg_ucp_rcache_state == KREG_UCP_RCACHE_DISABLED_BY_US) &&
+        kreg_ucx_loaded_after_ucp_config()) {
+        return KREG_UCP_RCACHE_ENABLED_TOO_LATE;
+    }
+    return kreg_ucp_rcache_state;
+}
+
+/* the md the version layer puts behind the component (open.c, md.c) */
+static const kreg_md_ops_t kreg_md_ops_table = {
+    .open              = kreg_md_open,
+    .close             = kreg_md_close,
+    .mem_reg           = kreg_md_mem_reg,
+    .mem_dereg         = kreg_md_mem_dereg,
+    .memh_sync         = kreg_md_memh_sync,
+    .region_register   = kreg_md_region_register,
+    .region_deregister = kreg_md_region_deregister,
+    .region_dump       = kreg_md_region_dump
+};
+
 static void __attribute__((constructor)) kreg_ib_regcache_ctor(void)
 {
     const char *running = ucp_get_version_string();
@@ -72,7 +97,7 @@ static void __attribute__((constructor)) kreg_ib_regcache_ctor(void)
     }
 
     kreg_check_ucp_rcache();
-    kreg_ucx_register();
+    kreg_ucx_register(&kreg_md_ops_table);
     kreg_registered  = 1;
     kreg_init_status = UCS_OK;
     ucs_debug("ib_regcache: registered component '" KREG_COMPONENT_NAME
@@ -82,7 +107,7 @@ static void __attribute__((constructor)) kreg_ib_regcache_ctor(void)
 static void __attribute__((destructor)) kreg_ib_regcache_dtor(void)
 {
     /* The library is linked with -z nodelete, so this runs at process exit
-     * only; UCX 1.13 never takes a component off its list. */
+     * only; UCX never takes a component off its list. */
     if (kreg_registered) {
         kreg_ucx_unregister();
         kreg_registered = 0;

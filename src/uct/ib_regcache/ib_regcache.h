@@ -6,15 +6,17 @@
  * This header is the part that does not depend on UCX's version: it sees
  * UCX only through its installed public headers (uct/api/uct.h,
  * ucs/memory/rcache.h). Everything that depends on UCX's internals is in
- * the version layer (ucx_layer.h, ucx_1_13.c).
+ * the version layer (ucx_layer.h, ucx_1_13.c or ucx_1_22.c).
  *
  *   component.c  load time: version check, UCP's own cache, registration
- *   open.c       the open policy: kernel source, registration methods,
- *                inner md, rcache or pass-through, reg_cost
+ *   open.c       the open policy: kernel source, inner md, rcache or
+ *                pass-through, reg_cost
  *   md.c         the caching md: mem_reg (hit, miss, uncached), mem_dereg
- *   stock.c      the stock "ib" md's policy next to this library
- *                (the foreign rcache hazard)
- *   ucx_1_13.c   everything UCX-version dependent
+ *   ucx_1_13.c   everything UCX-version dependent, per UCX version line
+ *   ucx_1_22.c   (configure builds one; ucx_layer.h is their interface)
+ *   reg_methods.c  UCX 1.13's REG_METHODS lists and the stock "ib" md's
+ *                policy next to this library (the foreign rcache hazard)
+ *   ucs_module.c libucs_kreg (UCX 1.22): UCP's own cache off in time
  *
  * Nothing here is visible outside the library (-fvisibility=hidden).
  */
@@ -121,7 +123,10 @@ typedef struct kreg_md {
 typedef struct kreg_md_open_config {
     const void *ucx;             /* the layer's config, for kreg_ucx_*      */
     int        require_kernel;   /* UCX_IB_REGCACHE_REQUIRE_KERNEL          */
-    char       reg_methods[128]; /* UCX's REG_METHODS list, comma separated */
+    int        want_cache;       /* the configuration asks for a cache (1.13:
+                                    "rcache" in UCX_IB_REG_METHODS and no
+                                    implicit ODP before it; 1.22: always)   */
+    const char *reg_methods;     /* for the log: 1.13's REG_METHODS, or ""  */
     double     rcache_overhead;  /* UCX's RCACHE_OVERHEAD, seconds          */
 } kreg_md_open_config_t;
 
@@ -148,32 +153,26 @@ void kreg_md_region_deregister(kreg_md_t *md, kreg_region_t *region);
 void kreg_md_region_dump(kreg_md_t *md, kreg_region_t *region, char *buf,
                          size_t max);
 
-/* Registration method lists (UCX's REG_METHODS, comma separated), open.c.
- * replace: `methods` with `drop` removed and, when `with` is not NULL, `with`
- * in its place; no method twice. Returns 1 if `drop` was in the list.
- * append: `name` at the end of `out` unless it is there already. */
-int kreg_methods_replace(const char *methods, const char *drop,
-                         const char *with, char *out, size_t max);
-void kreg_methods_append(char *out, size_t max, const char *name);
-int kreg_methods_has(const char *methods, const char *name);
-
-/* stock.c: the registration methods UCX's stock "ib" md is opened with
- * while this library is loaded (into out); logs why, once. */
-void kreg_stock_reg_methods(const char *md_name, const char *configured,
-                            char *out, size_t max);
-
 /* component.c: UCP's own registration cache (UCX_RCACHE_ENABLE) caches
- * memory handles above the md, its hits never reach our check, and it would
- * keep handles registered uncached. The constructor disables it by default;
- * this records what it found. */
+ * memory handles above the md, its hits never reach our check (on the
+ * notifier that reopens the cross-thread window the counter closes), and
+ * it would keep handles registered uncached. It is turned off by default
+ * before UCP reads its configuration (1.13: the constructor; 1.22: the
+ * libucs_kreg module, see ucs_module.c); this records what was found. */
 typedef enum {
     KREG_UCP_RCACHE_DISABLED_BY_US = 0,
     KREG_UCP_RCACHE_DISABLED_BY_USER,
-    KREG_UCP_RCACHE_ENABLED_BY_USER
+    KREG_UCP_RCACHE_ENABLED_BY_USER,
+    /* loaded after UCP had read UCX_RCACHE_ENABLE unset (its default "try"):
+     * UCX 1.22 loaded the component from its plugin path without
+     * libucs_kreg beside it */
+    KREG_UCP_RCACHE_ENABLED_TOO_LATE
 } kreg_ucp_rcache_state_t;
 
 extern kreg_ucp_rcache_state_t kreg_ucp_rcache_state;
 extern char kreg_ucp_rcache_value[32];
+/* kreg_ucp_rcache_state as it stands for UCP now (at md open) */
+kreg_ucp_rcache_state_t kreg_ucp_rcache_get_state(void);
 
 #ifdef __cplusplus
 }

@@ -3,13 +3,13 @@
  * which registration methods UCX's IB md underneath gets, whether our cache
  * sits on top, and what the md reports as its registration cost.
  *
- * UCX's IB md takes a list of registration methods (UCX_IB_REG_METHODS,
- * default "rcache,odp,direct") and uses the first that works. Here our cache
- * takes the place of "rcache": UCX's md is opened with the list with
- * "rcache" replaced by "direct" (what UCX's own cache registers with), so a
- * user's "odp" before it still wins, and the cache is ours. Without the
- * kernel event source (and UCX_IB_REGCACHE_REQUIRE_KERNEL=n) UCX's md gets
- * the list as configured: its own cache fed by UCM's hooks, or what follows.
+ * Our cache sits on UCX's IB md where the configuration asks for a cache
+ * (config->want_cache) and the kernel event source runs; UCX's md then
+ * registers directly (UCX 1.13: "rcache" in UCX_IB_REG_METHODS becomes
+ * "direct", so a user's "odp" before it still wins; 1.16+ has no cache in
+ * the IB md). Without the event source (and UCX_IB_REGCACHE_REQUIRE_KERNEL=n)
+ * UCX's md is opened as configured: 1.13's own cache fed by UCM's hooks, or
+ * no cache.
  */
 #include "ib_regcache.h"
 #include "ucx_layer.h"
@@ -18,59 +18,6 @@
 
 #include <stdio.h>
 #include <string.h>
-
-/* ---- registration method lists ------------------------------------------ */
-
-int kreg_methods_has(const char *methods, const char *name)
-{
-    size_t len = strlen(name);
-    const char *p;
-
-    if (len == 0) {
-        return 0;
-    }
-    for (p = methods; (p = strstr(p, name)) != NULL; p += len) {
-        if (((p == methods) || (p[-1] == ',')) &&
-            ((p[len] == '\0') || (p[len] == ','))) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-void kreg_methods_append(char *out, size_t max, const char *name)
-{
-    size_t used = strlen(out);
-
-    if ((name[0] != '\0') && !kreg_methods_has(out, name)) {
-        snprintf(out + used, max - used, "%s%s", used ? "," : "", name);
-    }
-}
-
-int kreg_methods_replace(const char *methods, const char *drop,
-                         const char *with, char *out, size_t max)
-{
-    const char *p = methods;
-    int found     = 0;
-    char name[64];
-    size_t len;
-
-    out[0] = '\0';
-    while (*p != '\0') {
-        len = strcspn(p, ",");
-        snprintf(name, sizeof(name), "%.*s", (int)len, p);
-        if (strcmp(name, drop)) {
-            kreg_methods_append(out, max, name);
-        } else {
-            found = 1;
-            if (with != NULL) {
-                kreg_methods_append(out, max, with);
-            }
-        }
-        p += len + (p[len] == ',');
-    }
-    return found;
-}
 
 /* ---- checks before opening ----------------------------------------------- */
 
@@ -96,13 +43,24 @@ static int kreg_component_loaded(const char *name)
 
 static ucs_status_t kreg_md_check_process(const char *md_name)
 {
-    if (kreg_ucp_rcache_state == KREG_UCP_RCACHE_ENABLED_BY_USER) {
+    switch (kreg_ucp_rcache_get_state()) {
+    case KREG_UCP_RCACHE_ENABLED_BY_USER:
         ucs_error("ib_regcache: %s refused: UCX_RCACHE_ENABLE=%s enables "
                   "UCP's own registration cache, whose hits bypass the "
                   "kernel checks and which would cache registrations made "
                   "uncached; unset it or set it to 'n'", md_name,
                   kreg_ucp_rcache_value);
         return UCS_ERR_UNSUPPORTED;
+    case KREG_UCP_RCACHE_ENABLED_TOO_LATE:
+        ucs_error("ib_regcache: %s refused: UCX loaded this component after "
+                  "UCP had read UCX_RCACHE_ENABLE (unset: UCP's own "
+                  "registration cache is on, and its hits would bypass the "
+                  "kernel checks); put libucs_kreg.so.0 beside "
+                  "libuct_ib_regcache.so.0 on UCX_PLUGIN_PATH, or set "
+                  "UCX_RCACHE_ENABLE=n", md_name);
+        return UCS_ERR_UNSUPPORTED;
+    default:
+        break;
     }
 
     if (kreg_component_loaded("knem")) {
@@ -131,7 +89,6 @@ static double kreg_lookup_cost(void)
 ucs_status_t kreg_md_open(kreg_md_t *md, const char *md_name,
                           const kreg_md_open_config_t *config)
 {
-    char methods[sizeof(config->reg_methods)];
     uct_md_attr_t attr;
     ucs_status_t kst, status;
     int cache;
@@ -156,15 +113,8 @@ ucs_status_t kreg_md_open(kreg_md_t *md, const char *md_name,
     }
     md->kreg_started = (kst == UCS_OK);
 
-    cache = md->kreg_started && kreg_methods_has(config->reg_methods, "rcache");
-    if (cache) {
-        kreg_methods_replace(config->reg_methods, "rcache", "direct", methods,
-                             sizeof(methods));
-    } else {
-        snprintf(methods, sizeof(methods), "%s", config->reg_methods);
-    }
-
-    status = kreg_ucx_open_ib_md(md, config, methods);
+    cache  = md->kreg_started && config->want_cache;
+    status = kreg_ucx_open_ib_md(md, config, cache);
     if (status != UCS_OK) {
         goto err_stop;
     }
@@ -198,17 +148,16 @@ ucs_status_t kreg_md_open(kreg_md_t *md, const char *md_name,
 
     if (md->rcache != NULL) {
         ucs_debug("ib_regcache: %s: registration cache watched by the kernel "
-                  "over UCX's IB md (REG_METHODS=%s), memh %zu bytes, "
-                  "reg_cost %.0f ns", md_name, methods, md->memh_size,
-                  md->reg_cost.c * 1e9);
+                  "over UCX's IB md, memh %zu bytes, reg_cost %.0f ns",
+                  md_name, md->memh_size, md->reg_cost.c * 1e9);
     } else if (md->kreg_started) {
         ucs_debug("ib_regcache: %s: no registration cache (REG_METHODS=%s)",
-                  md_name, methods);
+                  md_name, config->reg_methods);
     } else {
         ucs_diag("ib_regcache: %s: kernel event source unavailable (%s): "
                  "UCX's IB md as configured (REG_METHODS=%s: its own cache "
-                 "with UCM's hooks, or none)", md_name, ucs_status_string(kst),
-                 methods);
+                 "with UCM's hooks on UCX 1.13, else none)", md_name,
+                 ucs_status_string(kst), config->reg_methods);
     }
     return UCS_OK;
 

@@ -23,6 +23,7 @@
  * so (this md must report 0 there). See README.md, "UCX versions".
  */
 #include "ucx_layer.h"
+#include "reg_methods.h"
 
 #include <ucp/api/ucp_version.h>
 #include <uct/base/uct_iface.h>
@@ -68,6 +69,9 @@ static ucs_config_field_t kreg_md_config_table[] = {
 
 /* UCX's own IB md_open, saved before kreg_ucx_register hooks it */
 static uct_component_md_open_func_t kreg_ucx_ib_md_open;
+
+/* the md above the layer (kreg_ucx_register) */
+static const kreg_md_ops_t *kreg_md_ops;
 
 /* UCX's IB md opened with a clone of config whose REG_METHODS is
  * reg_methods. uct_ib_md_open keeps no pointer into its config (1.13.1:
@@ -134,12 +138,21 @@ static kreg_ucx_md_t *kreg_ucx_md(uct_md_h md)
 
 ucs_status_t kreg_ucx_open_ib_md(kreg_md_t *md,
                                  const kreg_md_open_config_t *config,
-                                 const char *reg_methods)
+                                 int our_cache)
 {
     const kreg_md_config_t *kc = config->ucx;
+    char methods[128];
     ucs_status_t status;
 
-    status = kreg_ucx_open_ib_md_with(&kc->ib, md->name, reg_methods,
+    /* our cache takes the place of UCX's "rcache" method: "direct" is what
+     * UCX's own cache registers with */
+    if (our_cache) {
+        kreg_methods_replace(config->reg_methods, "rcache", "direct", methods,
+                             sizeof(methods));
+    } else {
+        ucs_strncpy_zero(methods, config->reg_methods, sizeof(methods));
+    }
+    status = kreg_ucx_open_ib_md_with(&kc->ib, md->name, methods,
                                       &md->ib_md);
     if (status == UCS_OK) {
         kreg_ucx_of(md)->orig = md->ib_md->ops;
@@ -210,24 +223,25 @@ static ucs_status_t kreg_ucx_rcache_mem_reg(void *context, ucs_rcache_t *rcache,
                                             uint16_t flags)
 {
     /* arg: the uct flags of kreg_md_mem_reg's lookup */
-    return kreg_md_region_register(context,
-                                   ucs_derived_of(region, kreg_region_t),
-                                   *(const unsigned*)arg,
-                                   flags & UCS_RCACHE_MEM_REG_HIDE_ERRORS);
+    return kreg_md_ops->region_register(context,
+                                        ucs_derived_of(region, kreg_region_t),
+                                        *(const unsigned*)arg,
+                                        flags & UCS_RCACHE_MEM_REG_HIDE_ERRORS);
 }
 
 static void kreg_ucx_rcache_mem_dereg(void *context, ucs_rcache_t *rcache,
                                       ucs_rcache_region_t *region)
 {
-    kreg_md_region_deregister(context, ucs_derived_of(region, kreg_region_t));
+    kreg_md_ops->region_deregister(context,
+                                   ucs_derived_of(region, kreg_region_t));
 }
 
 static void kreg_ucx_rcache_dump(void *context, ucs_rcache_t *rcache,
                                  ucs_rcache_region_t *region, char *buf,
                                  size_t max)
 {
-    kreg_md_region_dump(context, ucs_derived_of(region, kreg_region_t), buf,
-                        max);
+    kreg_md_ops->region_dump(context, ucs_derived_of(region, kreg_region_t),
+                             buf, max);
 }
 
 static ucs_rcache_ops_t kreg_ucx_rcache_ops = {
@@ -279,22 +293,25 @@ static ucs_status_t kreg_ucx_md_open(uct_component_t *component,
         .require_kernel  = config->require_kernel,
         .rcache_overhead = uct_md_rcache_overhead(&config->ib.rcache)
     };
+    char reg_methods[128];
     kreg_ucx_md_t *umd;
     ucs_status_t status;
     uct_md_h md;
 
-    status = kreg_ucx_reg_methods(&config->ib, open_config.reg_methods,
-                                  sizeof(open_config.reg_methods));
+    status = kreg_ucx_reg_methods(&config->ib, reg_methods,
+                                  sizeof(reg_methods));
     if (status != UCS_OK) {
         return status;
     }
+    open_config.reg_methods = reg_methods;
+    open_config.want_cache  = kreg_methods_has(reg_methods, "rcache");
 
     umd = ucs_calloc(1, sizeof(*umd), "ib_regcache md");
     if (umd == NULL) {
         return UCS_ERR_NO_MEMORY;
     }
 
-    status = kreg_md_open(&umd->md, md_name, &open_config);
+    status = kreg_md_ops->open(&umd->md, md_name, &open_config);
     if (status != UCS_OK) {
         ucs_free(umd);
         return status;
@@ -326,7 +343,7 @@ static void kreg_ucx_md_close(uct_md_h md)
     kreg_ucx_md_t *umd = kreg_ucx_md(md);
 
     /* UCX's close (through orig) frees md; umd is ours */
-    kreg_md_close(&umd->md);
+    kreg_md_ops->close(&umd->md);
     ucs_free(umd);
 }
 
@@ -350,8 +367,8 @@ static ucs_status_t kreg_ucx_mem_reg(uct_md_h md, void *address,
                                      size_t length, unsigned flags,
                                      uct_mem_h *memh_p)
 {
-    return kreg_md_mem_reg(&kreg_ucx_md(md)->md, address, length, flags,
-                           memh_p);
+    return kreg_md_ops->mem_reg(&kreg_ucx_md(md)->md, address, length, flags,
+                                memh_p);
 }
 
 static ucs_status_t kreg_ucx_mem_dereg(uct_md_h md,
@@ -361,11 +378,11 @@ static ucs_status_t kreg_ucx_mem_dereg(uct_md_h md,
 
     UCT_MD_MEM_DEREG_CHECK_PARAMS(params,
                                   kmd->cap_flags & UCT_MD_FLAG_INVALIDATE);
-    return kreg_md_mem_dereg(kmd, params->memh,
-                             (UCT_MD_MEM_DEREG_FIELD_VALUE(params, flags,
-                                                           FIELD_FLAGS, 0) &
-                              UCT_MD_MEM_DEREG_FLAG_INVALIDATE) ?
-                             params->comp : NULL);
+    return kreg_md_ops->mem_dereg(kmd, params->memh,
+                                  (UCT_MD_MEM_DEREG_FIELD_VALUE(params, flags,
+                                                                FIELD_FLAGS, 0) &
+                                   UCT_MD_MEM_DEREG_FLAG_INVALIDATE) ?
+                                  params->comp : NULL);
 }
 
 /* UCX's operations on a memh get the original; whatever they change in it
@@ -380,7 +397,7 @@ static ucs_status_t kreg_ucx_mem_advise(uct_md_h md, uct_mem_h memh,
     ucs_status_t status;
 
     status = umd->orig->mem_advise(md, kmemh->inner, addr, length, advice);
-    kreg_md_memh_sync(&umd->md, kmemh);
+    kreg_md_ops->memh_sync(&umd->md, kmemh);
     return status;
 }
 
@@ -393,7 +410,7 @@ kreg_ucx_mkey_pack(uct_md_h md, uct_mem_h memh,
     ucs_status_t status;
 
     status = umd->orig->mkey_pack(md, kmemh->inner, params, rkey_buffer);
-    kreg_md_memh_sync(&umd->md, kmemh);
+    kreg_md_ops->memh_sync(&umd->md, kmemh);
     return status;
 }
 
@@ -544,11 +561,12 @@ static ucs_status_t kreg_ucx_stock_md_open(uct_component_t *component,
 
 /* ---- registration -------------------------------------------------------- */
 
-void kreg_ucx_register(void)
+void kreg_ucx_register(const kreg_md_ops_t *ops)
 {
     uct_tl_t *tl;
     size_t i;
 
+    kreg_md_ops = ops;
     kreg_md_config_table[0].parser.arg = uct_ib_component.md_config.table;
     uct_component_register(&kreg_component);
     for (i = 0; i < ucs_static_array_size(kreg_ucx_tls); ++i) {
@@ -578,4 +596,9 @@ void kreg_ucx_unregister(void)
         uct_tl_unregister(&kreg_ucx_tls[i].tl);
     }
     uct_component_unregister(&kreg_component);
+}
+
+int kreg_ucx_loaded_after_ucp_config(void)
+{
+    return 0; /* UCX 1.13 loads no external module: LD_PRELOAD or dlopen */
 }
