@@ -40,10 +40,13 @@
 #define TAG_FLAG    2000
 #define TAG_SECOND  3000
 
-/* "kernel" if the ib_regcache component is loaded and running */
+/* "kernel" if the ib_regcache component is loaded and running: preloaded
+ * (UCX 1.13), or loaded by UCX 1.22 from UCX_PLUGIN_PATH, where it is
+ * local to its handle (found by its soname) */
 static int component_loaded(void)
 {
-    int (*status)(void) = (int (*)(void))dlsym(RTLD_DEFAULT,
+    void *lib = dlopen("libuct_ib_regcache.so.0", RTLD_LAZY | RTLD_NOLOAD);
+    int (*status)(void) = (int (*)(void))dlsym(lib ? lib : RTLD_DEFAULT,
                                                 "kreg_ib_regcache_status");
     return (status != NULL) && (status() == 0);
 }

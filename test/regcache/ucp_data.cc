@@ -8,7 +8,9 @@
  *
  * --component LIB: dlopen LIB (libuct_ib_regcache.so) before ucp_init and
  * require kreg_ib_regcache_status() == UCS_OK; then remap rounds must never
- * be stale. Without it UCX runs stock and the stale count is only printed.
+ * be stale. --component plugin: UCX (1.22) loads the component from
+ * UCX_PLUGIN_PATH; after ucp_init the component must be registered, then
+ * likewise. Without it UCX runs stock and the stale count is only printed.
  * UCX_TLS chooses the transports (rc_kreg,ud_kreg or rc_verbs,ud_verbs).
  *
  * First it prints the endpoint's tag_send thresholds (ucp_ep_print_info):
@@ -56,6 +58,7 @@
 #include "ucm_kernel/ucm_kernel.h" /* kreg_stats_t; the function by dlsym */
 
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -465,13 +468,37 @@ long reg_mr_calls()
 long changed_refusals()
 {
     using stats_fn = void (*)(kreg_stats_t *);
-    static auto fn = reinterpret_cast<stats_fn>(dlsym(RTLD_DEFAULT, "kreg_get_stats"));
+    /* a plugin's dependencies are local to it: found by soname then */
+    static void *lib = dlopen("libucm_kernel.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    static auto fn = reinterpret_cast<stats_fn>(dlsym(lib ? lib : RTLD_DEFAULT,
+                                                      "kreg_get_stats"));
     if (fn == nullptr) {
         return -1;
     }
     kreg_stats_t st;
     fn(&st);
     return static_cast<long>(st.fallbacks[KREG_REASON_CHANGED]);
+}
+
+/* Whether UCT lists a component of that name (after ucp_init: the modules
+ * UCX loaded are registered then). */
+bool uct_component_registered(const char *name)
+{
+    uct_component_h *components;
+    unsigned count;
+    bool found = false;
+
+    if (uct_query_components(&components, &count) != UCS_OK) {
+        return false;
+    }
+    for (unsigned i = 0; (i < count) && !found; ++i) {
+        uct_component_attr_t attr = {};
+        attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME;
+        found = (uct_component_query(components[i], &attr) == UCS_OK) &&
+                !std::strcmp(attr.name, name);
+    }
+    uct_release_component_list(components);
+    return found;
 }
 
 /* Median of v (0 when empty); reorders v. */
@@ -603,7 +630,15 @@ int main(int argc, char **argv)
     }
 
     const char *label = "hooks";
-    if (component != nullptr) {
+    const bool plugin = (component != nullptr) && !std::strcmp(component, "plugin");
+    if (plugin) {
+        const char *path = getenv("UCX_PLUGIN_PATH");
+        if ((path == nullptr) || (*path == '\0')) {
+            std::printf("FAIL: --component plugin without UCX_PLUGIN_PATH\n");
+            return 1;
+        }
+        label = "kernel";
+    } else if (component != nullptr) {
         void *lib = dlopen(component, RTLD_NOW | RTLD_GLOBAL);
         auto status_fn = lib ? reinterpret_cast<ucs_status_t (*)(void)>(
                                    dlsym(lib, "kreg_ib_regcache_status"))
@@ -625,6 +660,12 @@ int main(int argc, char **argv)
         std::printf("skip: UCP cannot connect two workers here\n");
         p.close();
         return 77;
+    }
+    if (plugin && !uct_component_registered("ib_regcache")) {
+        std::printf("FAIL: UCX did not load ib_regcache from UCX_PLUGIN_PATH=%s\n",
+                    getenv("UCX_PLUGIN_PATH"));
+        p.close();
+        return 1;
     }
 
     /* UCP's protocol thresholds of the endpoint: which of the sizes below
