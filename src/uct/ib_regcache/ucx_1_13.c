@@ -1,34 +1,27 @@
 /*
- * The version layer for UCX 1.13 (built and tested with 1.13.1 only):
- * everything of ib_regcache that depends on UCX's version, in one file by
- * design, which is why it is longer than the others. It is the only file
- * compiled with UCX's config.h and private headers (Makefile.inc); the rest
- * sees it through ucx_layer.h and the md operations below.
+ * The version layer for UCX 1.13 (built and tested with 1.13.1 only): what
+ * of ib_regcache depends on UCX 1.13 and is not done the same way for 1.22
+ * (ucx_common.c holds that part). Only the version layer is compiled with
+ * UCX's config.h and private headers (Makefile.inc); the rest sees it
+ * through ucx_layer.h.
  *
- * What depends on UCX 1.13 here, and what a port has to redo:
- *  - uct_component_t, uct_tl_t and uct_md_ops_t initialisers and signatures
- *    (uct/base/uct_component.h, uct_iface.h, uct_md.h);
+ * What depends on UCX 1.13 here:
+ *  - uct_component_t and uct_md_ops_t signatures (mem_reg with flags,
+ *    query with uct_md_attr_t, mkey_pack without the address, rkey_unpack
+ *    without params);
  *  - the md configuration: UCX's IB md table embedded under "IB_"
  *    (uct_ib_md_config_t), REG_METHODS and the rcache settings read from it,
  *    and set in a clone for the md UCX opens (ucs_config_parser_*);
- *  - ucs_rcache_params_t and ucs_rcache_ops_t, uct_md_set_rcache_params();
- *  - casts to UCX's private structs: uct_md_t (its ops and component: our
- *    md is UCX's IB md object with both replaced, see kreg_md_t), uct_ib_md_t
- *    (memh_struct_size, global_odp, reg_mem_types), uct_ib_mem_t (flags,
- *    when a cached handle is asked for atomics);
- *  - the stock IB component's md_open, saved before our hook replaces it.
- * From UCX 1.16 on the IB md has no cache and no reg_key, uct_ib_mem_t is
- * {lkey, rkey, flags}, uct_ib_md_open is static from 1.17 (the component's
- * md_open stays) and UCP caches per md where md_attr.cache_mem_types says
- * so (this md must report 0 there). See README.md, "UCX versions".
+ *  - ucs_rcache_params_t's alignment, uct_md_set_rcache_params();
+ *  - uct_ib_md_t's memh_struct_size and global_odp;
+ *  - the stock IB component's md_open, saved before our hook replaces it
+ *    (the stock md's own cache, reg_methods.c).
+ * ucx_1_22.c says what changed by 1.22.
  */
-#include "ucx_layer.h"
+#include "ucx_common.h"
 #include "reg_methods.h"
 
 #include <ucp/api/ucp_version.h>
-#include <uct/base/uct_iface.h>
-#include <uct/base/uct_md.h>
-#include <uct/ib/base/ib_md.h>
 #include <ucm/api/ucm.h>
 #include <ucs/config/parser.h>
 #include <ucs/debug/log.h>
@@ -51,7 +44,7 @@ typedef struct kreg_md_config {
 } kreg_md_config_t;
 
 /* The first entry embeds UCX's IB md table, known at run time only
- * (kreg_ucx_register fills it). Under "IB_" the IB options read
+ * (kreg_ucx_register_component fills it). Under "IB_" the IB options read
  * UCX_IB_<NAME> first (shared with the stock md, e.g. UCX_IB_GID_INDEX),
  * then UCX_IB_REGCACHE_<NAME> overrides them for this component only. */
 static ucs_config_field_t kreg_md_config_table[] = {
@@ -69,9 +62,6 @@ static ucs_config_field_t kreg_md_config_table[] = {
 
 /* UCX's own IB md_open, saved before kreg_ucx_register hooks it */
 static uct_component_md_open_func_t kreg_ucx_ib_md_open;
-
-/* the md above the layer (kreg_ucx_register) */
-static const kreg_md_ops_t *kreg_md_ops;
 
 /* UCX's IB md opened with a clone of config whose REG_METHODS is
  * reg_methods. uct_ib_md_open keeps no pointer into its config (1.13.1:
@@ -116,26 +106,6 @@ static ucs_status_t kreg_ucx_reg_methods(const uct_ib_md_config_t *config,
                                        "REG_METHODS", buf, max);
 }
 
-/* ---- our md: UCX's IB md object with our ops ----------------------------- *
- * md->ops points to the ops table inside a kreg_ucx_md_t, so our state is
- * found from the md with ucs_container_of, no lookup. UCX's own ops stay in
- * orig: registration, key packing, queries and close are UCX's. */
-typedef struct kreg_ucx_md {
-    uct_md_ops_t       ops;
-    const uct_md_ops_t *orig;
-    kreg_md_t          md;
-} kreg_ucx_md_t;
-
-static kreg_ucx_md_t *kreg_ucx_of(kreg_md_t *md)
-{
-    return ucs_container_of(md, kreg_ucx_md_t, md);
-}
-
-static kreg_ucx_md_t *kreg_ucx_md(uct_md_h md)
-{
-    return ucs_container_of(md->ops, kreg_ucx_md_t, ops);
-}
-
 ucs_status_t kreg_ucx_open_ib_md(kreg_md_t *md,
                                  const kreg_md_open_config_t *config,
                                  int our_cache)
@@ -160,11 +130,6 @@ ucs_status_t kreg_ucx_open_ib_md(kreg_md_t *md,
     return status;
 }
 
-void kreg_ucx_close_ib_md(kreg_md_t *md)
-{
-    kreg_ucx_of(md)->orig->close(md->ib_md);
-}
-
 ucs_status_t kreg_ucx_ib_md_query(kreg_md_t *md, uct_md_attr_t *md_attr)
 {
     return kreg_ucx_of(md)->orig->query(md->ib_md, md_attr);
@@ -177,23 +142,6 @@ ucs_status_t kreg_ucx_ib_mem_reg(kreg_md_t *md, void *address, size_t length,
                                           memh_p);
 }
 
-ucs_status_t kreg_ucx_ib_mem_dereg(kreg_md_t *md, uct_mem_h memh,
-                                   uct_completion_t *invalidate_comp)
-{
-    uct_md_mem_dereg_params_t params = {
-        .field_mask = UCT_MD_MEM_DEREG_FIELD_MEMH,
-        .memh       = memh
-    };
-
-    if (invalidate_comp != NULL) {
-        params.field_mask |= UCT_MD_MEM_DEREG_FIELD_FLAGS |
-                             UCT_MD_MEM_DEREG_FIELD_COMPLETION;
-        params.flags       = UCT_MD_MEM_DEREG_FLAG_INVALIDATE;
-        params.comp        = invalidate_comp;
-    }
-    return kreg_ucx_of(md)->orig->mem_dereg(md->ib_md, &params);
-}
-
 size_t kreg_ucx_memh_size(kreg_md_t *md)
 {
     return ucs_derived_of(md->ib_md, uct_ib_md_t)->memh_struct_size;
@@ -204,45 +152,7 @@ int kreg_ucx_uses_global_odp(kreg_md_t *md)
     return ucs_derived_of(md->ib_md, uct_ib_md_t)->global_odp != NULL;
 }
 
-void kreg_ucx_memh_want_atomic(uct_mem_h ucx_memh)
-{
-    /* as uct_ib_mem_rcache_reg does for a cached region (ib_md.c, 1.13.1) */
-    ((uct_ib_mem_t*)ucx_memh)->flags |= UCT_IB_MEM_ACCESS_REMOTE_ATOMIC;
-}
-
-void kreg_ucx_invalidate_cb(void *uct_completion)
-{
-    uct_invoke_completion(uct_completion, UCS_OK);
-}
-
 /* ---- the rcache ---------------------------------------------------------- */
-
-static ucs_status_t kreg_ucx_rcache_mem_reg(void *context, ucs_rcache_t *rcache,
-                                            void *arg,
-                                            ucs_rcache_region_t *region,
-                                            uint16_t flags)
-{
-    /* arg: the uct flags of kreg_md_mem_reg's lookup */
-    return kreg_md_ops->region_register(context,
-                                        ucs_derived_of(region, kreg_region_t),
-                                        *(const unsigned*)arg,
-                                        flags & UCS_RCACHE_MEM_REG_HIDE_ERRORS);
-}
-
-static void kreg_ucx_rcache_mem_dereg(void *context, ucs_rcache_t *rcache,
-                                      ucs_rcache_region_t *region)
-{
-    kreg_md_ops->region_deregister(context,
-                                   ucs_derived_of(region, kreg_region_t));
-}
-
-static void kreg_ucx_rcache_dump(void *context, ucs_rcache_t *rcache,
-                                 ucs_rcache_region_t *region, char *buf,
-                                 size_t max)
-{
-    kreg_md_ops->region_dump(context, ucs_derived_of(region, kreg_region_t),
-                             buf, max);
-}
 
 static ucs_rcache_ops_t kreg_ucx_rcache_ops = {
     .mem_reg     = kreg_ucx_rcache_mem_reg,
@@ -255,30 +165,19 @@ ucs_status_t kreg_ucx_rcache_create(kreg_md_t *md,
                                     ucs_rcache_t **rcache_p)
 {
     const kreg_md_config_t *kc = config->ucx;
-    const uct_ib_md_t *ib_md   = ucs_derived_of(md->ib_md, uct_ib_md_t);
     ucs_rcache_params_t params;
-    char name[64];
 
     /* UCX's IB rcache settings (alignment, event priority, limits, purge
      * on fork), as uct_ib_md_parse_reg_methods sets them */
     uct_md_set_rcache_params(&params, &kc->ib.rcache);
-    params.region_struct_size = sizeof(kreg_region_t) + md->memh_size;
-    params.max_alignment      = ucs_get_page_size();
-    params.ucm_events         = UCM_EVENT_VM_UNMAPPED;
-    if (ib_md->reg_mem_types & ~UCS_BIT(UCS_MEMORY_TYPE_HOST)) {
-        params.ucm_events    |= UCM_EVENT_MEM_TYPE_FREE;
-    }
-    params.context            = md;
-    params.ops                = &kreg_ucx_rcache_ops;
-
-    ucs_snprintf_zero(name, sizeof(name), KREG_COMPONENT_NAME "_%s", md->name);
-    return ucs_rcache_create(&params, name, NULL, rcache_p);
+    params.max_alignment = ucs_get_page_size();
+    return kreg_ucx_rcache_create_with(md, &params, &kreg_ucx_rcache_ops,
+                                       rcache_p);
 }
 
 /* ---- our md operations --------------------------------------------------- */
 
-static uct_md_ops_t kreg_ucx_md_ops;
-uct_component_t kreg_component;
+static void kreg_ucx_set_md_ops(uct_md_ops_t *ops);
 
 static ucs_status_t kreg_ucx_md_open(uct_component_t *component,
                                      const char *md_name,
@@ -294,9 +193,7 @@ static ucs_status_t kreg_ucx_md_open(uct_component_t *component,
         .rcache_overhead = uct_md_rcache_overhead(&config->ib.rcache)
     };
     char reg_methods[128];
-    kreg_ucx_md_t *umd;
     ucs_status_t status;
-    uct_md_h md;
 
     status = kreg_ucx_reg_methods(&config->ib, reg_methods,
                                   sizeof(reg_methods));
@@ -305,46 +202,8 @@ static ucs_status_t kreg_ucx_md_open(uct_component_t *component,
     }
     open_config.reg_methods = reg_methods;
     open_config.want_cache  = kreg_methods_has(reg_methods, "rcache");
-
-    umd = ucs_calloc(1, sizeof(*umd), "ib_regcache md");
-    if (umd == NULL) {
-        return UCS_ERR_NO_MEMORY;
-    }
-
-    status = kreg_md_ops->open(&umd->md, md_name, &open_config);
-    if (status != UCS_OK) {
-        ucs_free(umd);
-        return status;
-    }
-
-    /* UCX's ops, but ours where the cache is; and the md is ours (UCX's
-     * open sets the ib component, and UCP would count it as one of ib's) */
-    md                   = umd->md.ib_md;
-    umd->ops             = *umd->orig;
-    umd->ops.close       = kreg_ucx_md_ops.close;
-    umd->ops.query       = kreg_ucx_md_ops.query;
-    umd->ops.mem_reg     = kreg_ucx_md_ops.mem_reg;
-    umd->ops.mem_dereg   = kreg_ucx_md_ops.mem_dereg;
-    umd->ops.mem_advise  = kreg_ucx_md_ops.mem_advise;
-    umd->ops.mkey_pack   = kreg_ucx_md_ops.mkey_pack;
-    if (umd->ops.is_sockaddr_accessible == NULL) {
-        /* UCX's direct-registration table has none (its rcache table has) */
-        umd->ops.is_sockaddr_accessible = (uct_md_is_sockaddr_accessible_func_t)
-                ucs_empty_function_return_zero_int;
-    }
-    md->ops              = &umd->ops;
-    md->component        = &kreg_component;
-    *md_p                = md;
-    return UCS_OK;
-}
-
-static void kreg_ucx_md_close(uct_md_h md)
-{
-    kreg_ucx_md_t *umd = kreg_ucx_md(md);
-
-    /* UCX's close (through orig) frees md; umd is ours */
-    kreg_md_ops->close(&umd->md);
-    ucs_free(umd);
+    return kreg_ucx_md_open_with(md_name, &open_config, kreg_ucx_set_md_ops,
+                                 md_p);
 }
 
 static ucs_status_t kreg_ucx_md_query(uct_md_h md, uct_md_attr_t *md_attr)
@@ -371,36 +230,8 @@ static ucs_status_t kreg_ucx_mem_reg(uct_md_h md, void *address,
                                 memh_p);
 }
 
-static ucs_status_t kreg_ucx_mem_dereg(uct_md_h md,
-                                       const uct_md_mem_dereg_params_t *params)
-{
-    kreg_md_t *kmd = &kreg_ucx_md(md)->md;
-
-    UCT_MD_MEM_DEREG_CHECK_PARAMS(params,
-                                  kmd->cap_flags & UCT_MD_FLAG_INVALIDATE);
-    return kreg_md_ops->mem_dereg(kmd, params->memh,
-                                  (UCT_MD_MEM_DEREG_FIELD_VALUE(params, flags,
-                                                                FIELD_FLAGS, 0) &
-                                   UCT_MD_MEM_DEREG_FLAG_INVALIDATE) ?
-                                  params->comp : NULL);
-}
-
-/* UCX's operations on a memh get the original; whatever they change in it
- * (mkey_pack makes atomic and indirect keys on demand and records them in
- * the handle) is copied back to the handle UCP holds. */
-static ucs_status_t kreg_ucx_mem_advise(uct_md_h md, uct_mem_h memh,
-                                        void *addr, size_t length,
-                                        unsigned advice)
-{
-    kreg_ucx_md_t *umd = kreg_ucx_md(md);
-    kreg_memh_t *kmemh = kreg_memh_of(memh);
-    ucs_status_t status;
-
-    status = umd->orig->mem_advise(md, kmemh->inner, addr, length, advice);
-    kreg_md_ops->memh_sync(&umd->md, kmemh);
-    return status;
-}
-
+/* mkey_pack makes atomic and indirect keys on demand and records them in
+ * the original handle: copied back to the handle UCP holds */
 static ucs_status_t
 kreg_ucx_mkey_pack(uct_md_h md, uct_mem_h memh,
                    const uct_md_mkey_pack_params_t *params, void *rkey_buffer)
@@ -414,26 +245,24 @@ kreg_ucx_mkey_pack(uct_md_h md, uct_mem_h memh,
     return status;
 }
 
-/* the operations kreg_ucx_md_open puts in each md's table */
-static uct_md_ops_t kreg_ucx_md_ops = {
-    .close      = kreg_ucx_md_close,
-    .query      = kreg_ucx_md_query,
-    .mem_advise = kreg_ucx_mem_advise,
-    .mem_reg    = kreg_ucx_mem_reg,
-    .mem_dereg  = kreg_ucx_mem_dereg,
-    .mkey_pack  = kreg_ucx_mkey_pack
-};
+/* UCX's ops of each md, and ours where the cache is and where a call takes
+ * a memory handle */
+static void kreg_ucx_set_md_ops(uct_md_ops_t *ops)
+{
+    ops->close      = kreg_ucx_md_close;
+    ops->query      = kreg_ucx_md_query;
+    ops->mem_advise = kreg_ucx_mem_advise;
+    ops->mem_reg    = kreg_ucx_mem_reg;
+    ops->mem_dereg  = kreg_ucx_mem_dereg;
+    ops->mkey_pack  = kreg_ucx_mkey_pack;
+    if (ops->is_sockaddr_accessible == NULL) {
+        /* UCX's direct-registration table has none (its rcache table has) */
+        ops->is_sockaddr_accessible = (uct_md_is_sockaddr_accessible_func_t)
+                ucs_empty_function_return_zero_int;
+    }
+}
 
 /* ---- the component ------------------------------------------------------- */
-
-static ucs_status_t
-kreg_ucx_query_md_resources(uct_component_t *component,
-                            uct_md_resource_desc_t **resources_p,
-                            unsigned *num_resources_p)
-{
-    return uct_ib_component.query_md_resources(&uct_ib_component, resources_p,
-                                               num_resources_p);
-}
 
 static ucs_status_t kreg_ucx_rkey_unpack(uct_component_t *component,
                                          const void *rkey_buffer,
@@ -443,59 +272,14 @@ static ucs_status_t kreg_ucx_rkey_unpack(uct_component_t *component,
                                         rkey_p, handle_p);
 }
 
-static ucs_status_t kreg_ucx_rkey_ptr(uct_component_t *component,
-                                      uct_rkey_t rkey, void *handle,
-                                      uint64_t raddr, void **laddr_p)
-{
-    return uct_ib_component.rkey_ptr(&uct_ib_component, rkey, handle, raddr,
-                                     laddr_p);
-}
-
-static ucs_status_t kreg_ucx_rkey_release(uct_component_t *component,
-                                          uct_rkey_t rkey, void *handle)
-{
-    return uct_ib_component.rkey_release(&uct_ib_component, rkey, handle);
-}
-
-/* UCX's IB md_vfs_init links the IB md's own rcache (it has none when
- * ours is there); ours is linked the same way. */
-static void kreg_ucx_md_vfs_init(uct_md_h md)
-{
-    kreg_md_t *kmd = &kreg_ucx_md(md)->md;
-
-    uct_ib_component.md_vfs_init(md);
-    if (kmd->rcache != NULL) {
-        ucs_vfs_obj_add_sym_link(md, kmd->rcache, "rcache");
-    }
-}
-
 uct_component_t kreg_component = {
-    .name               = KREG_COMPONENT_NAME,
-    .query_md_resources = kreg_ucx_query_md_resources,
-    .md_open            = kreg_ucx_md_open,
-    .cm_open            = (uct_component_cm_open_func_t)
-                              ucs_empty_function_return_unsupported,
-    .rkey_unpack        = kreg_ucx_rkey_unpack,
-    .rkey_ptr           = kreg_ucx_rkey_ptr,
-    .rkey_release       = kreg_ucx_rkey_release,
-    .md_config          = {
-        .name           = "IB memory domain with kernel-watched registration cache",
-        .prefix         = KREG_MD_CONFIG_PREFIX,
-        .table          = kreg_md_config_table,
-        .size           = sizeof(kreg_md_config_t),
-    },
-    .cm_config          = UCS_CONFIG_EMPTY_GLOBAL_LIST_ENTRY,
-    .tl_list            = UCT_COMPONENT_TL_LIST_INITIALIZER(&kreg_component),
-    .flags              = 0,
-    .md_vfs_init        = kreg_ucx_md_vfs_init
+    KREG_UCX_COMPONENT_COMMON(kreg_md_config_table, kreg_md_config_t),
+    .md_open      = kreg_ucx_md_open,
+    .rkey_unpack  = kreg_ucx_rkey_unpack
 };
 
-/* ---- the transports ------------------------------------------------------ *
- * UCX's verbs and mlx5 transports under new names, unchanged: they are
- * opened with our md, which is UCX's IB md object. The configuration prefix
- * is the name in capitals; the option tables are UCX's own (so UCX_RC_*,
- * UCX_IB_* apply as to stock rc_verbs), read again under our prefix, never
- * registered twice. */
+/* ---- the transports -------------------------------------------------------
+ * UCX's verbs and mlx5 transports (ucx_common.h). */
 extern uct_tl_t uct_rc_verbs_tl;
 extern uct_tl_t uct_ud_verbs_tl;
 #if HAVE_TL_RC && HAVE_MLX5_DV
@@ -507,16 +291,6 @@ extern uct_tl_t uct_dc_mlx5_tl;
 #if HAVE_TL_UD && HAVE_MLX5_HW_UD
 extern uct_tl_t uct_ud_mlx5_tl;
 #endif
-
-typedef struct {
-    uct_tl_t       tl;
-    const uct_tl_t *orig;
-} kreg_ucx_tl_t;
-
-#define KREG_UCX_TL(_name, _prefix, _orig) \
-    {.tl = {.name = _name, .config = {.name = _name " transport", \
-                                      .prefix = _prefix}}, \
-     .orig = _orig}
 
 _Static_assert(sizeof(KREG_RC_MLX5_TL_NAME) <= UCT_TL_NAME_MAX,
                "transport names have at most UCT_TL_NAME_MAX - 1 characters");
@@ -535,7 +309,7 @@ static kreg_ucx_tl_t kreg_ucx_tls[] = {
 #endif
 };
 
-/* ---- the stock IB md (stock.c's policy) ---------------------------------- */
+/* ---- the stock IB md (reg_methods.c's policy) ---------------------------------- */
 
 static ucs_status_t kreg_ucx_stock_md_open(uct_component_t *component,
                                            const char *md_name,
@@ -563,39 +337,19 @@ static ucs_status_t kreg_ucx_stock_md_open(uct_component_t *component,
 
 void kreg_ucx_register(const kreg_md_ops_t *ops)
 {
-    uct_tl_t *tl;
-    size_t i;
-
-    kreg_md_ops = ops;
-    kreg_md_config_table[0].parser.arg = uct_ib_component.md_config.table;
-    uct_component_register(&kreg_component);
-    for (i = 0; i < ucs_static_array_size(kreg_ucx_tls); ++i) {
-        tl                = &kreg_ucx_tls[i].tl;
-        tl->query_devices = kreg_ucx_tls[i].orig->query_devices;
-        tl->iface_open    = kreg_ucx_tls[i].orig->iface_open;
-        tl->config.table  = kreg_ucx_tls[i].orig->config.table;
-        tl->config.size   = kreg_ucx_tls[i].orig->config.size;
-        uct_tl_register(&kreg_component, tl);
-    }
-
+    kreg_ucx_register_component(ops, kreg_md_config_table, kreg_ucx_tls,
+                                ucs_static_array_size(kreg_ucx_tls));
     kreg_ucx_ib_md_open      = uct_ib_component.md_open;
     uct_ib_component.md_open = kreg_ucx_stock_md_open;
-    ucs_debug("ib_regcache: registered component '" KREG_COMPONENT_NAME
-              "' with %zu transports (" KREG_RC_TL_NAME ", " KREG_UD_TL_NAME
-              ", ...)", ucs_static_array_size(kreg_ucx_tls));
 }
 
 void kreg_ucx_unregister(void)
 {
-    size_t i;
-
     if (uct_ib_component.md_open == kreg_ucx_stock_md_open) {
         uct_ib_component.md_open = kreg_ucx_ib_md_open;
     }
-    for (i = ucs_static_array_size(kreg_ucx_tls); i-- > 0;) {
-        uct_tl_unregister(&kreg_ucx_tls[i].tl);
-    }
-    uct_component_unregister(&kreg_component);
+    kreg_ucx_unregister_component(kreg_ucx_tls,
+                                  ucs_static_array_size(kreg_ucx_tls));
 }
 
 int kreg_ucx_loaded_after_ucp_config(void)

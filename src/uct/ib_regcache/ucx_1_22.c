@@ -1,9 +1,10 @@
 /*
  * The version layer for UCX 1.22 (built and tested with 1.22.0): everything
- * of ib_regcache that depends on UCX's version, in one file, like
- * ucx_1_13.c. It is the only file compiled with UCX's config.h and private
- * headers (Makefile.inc); it calls nothing above it but the kreg_md_ops_t
- * handed to kreg_ucx_register.
+ * of ib_regcache that depends on UCX's version and is not done the same way
+ * for 1.13 (ucx_common.c), in one file, like ucx_1_13.c. Only the version
+ * layer is compiled with UCX's config.h and private headers (Makefile.inc);
+ * it calls nothing above it but the kreg_md_ops_t handed to
+ * kreg_ucx_register.
  *
  * What changed since 1.13, and how it is met here:
  *  - the IB md has no cache and no REG_METHODS (1.16): our cache always
@@ -30,12 +31,9 @@
  *  - UCX loads this library from UCX_PLUGIN_PATH or its module directory,
  *    after UCP read its options: UCS_MODULE_INIT below tells when.
  */
-#include "ucx_layer.h"
+#include "ucx_common.h"
 
 #include <ucp/api/ucp_version.h>
-#include <uct/base/uct_iface.h>
-#include <uct/base/uct_md.h>
-#include <uct/ib/base/ib_md.h>
 #include <ucm/api/ucm.h>
 #include <ucs/config/parser.h>
 #include <ucs/debug/log.h>
@@ -51,9 +49,6 @@ _Static_assert((UCP_API_MAJOR == 1) && (UCP_API_MINOR == 22),
                "ucx_1_22.c is written for UCX 1.22 (built and tested with "
                "1.22.0): another UCX needs its own version layer");
 
-/* the md above the layer (kreg_ucx_register) */
-static const kreg_md_ops_t *kreg_md_ops;
-
 /* UCP's own default, ucp_mm.h: an rcache lookup, when RCACHE_OVERHEAD=auto */
 #define KREG_UCX_RCACHE_OVERHEAD_DEFAULT 50.0e-9
 
@@ -67,7 +62,7 @@ typedef struct kreg_md_config {
 } kreg_md_config_t;
 
 /* The first entry embeds UCX's IB md table, known at run time only
- * (kreg_ucx_register fills it). Under "IB_" the IB options read
+ * (kreg_ucx_register_component fills it). Under "IB_" the IB options read
  * UCX_IB_<NAME> first (shared with the stock md, e.g. UCX_IB_GID_INDEX),
  * then UCX_IB_REGCACHE_<NAME> overrides them for this component only. The
  * rcache options are UCS's (UCX_RCACHE_*, as UCP's cache reads them). */
@@ -91,26 +86,6 @@ static ucs_config_field_t kreg_md_config_table[] = {
 /* UCX's own IB md_open (uct_ib_md_open is static since 1.17) */
 static uct_component_md_open_func_t kreg_ucx_ib_md_open;
 
-/* ---- our md: UCX's IB md object with our ops ----------------------------- *
- * md->ops points to the ops table inside a kreg_ucx_md_t, so our state is
- * found from the md with ucs_container_of, no lookup. UCX's own ops stay in
- * orig: registration, key packing, queries and close are UCX's. */
-typedef struct kreg_ucx_md {
-    uct_md_ops_t       ops;
-    const uct_md_ops_t *orig;
-    kreg_md_t          md;
-} kreg_ucx_md_t;
-
-static kreg_ucx_md_t *kreg_ucx_of(kreg_md_t *md)
-{
-    return ucs_container_of(md, kreg_ucx_md_t, md);
-}
-
-static kreg_ucx_md_t *kreg_ucx_md(uct_md_h md)
-{
-    return ucs_container_of(md->ops, kreg_ucx_md_t, ops);
-}
-
 ucs_status_t kreg_ucx_open_ib_md(kreg_md_t *md,
                                  const kreg_md_open_config_t *config,
                                  int our_cache)
@@ -125,11 +100,6 @@ ucs_status_t kreg_ucx_open_ib_md(kreg_md_t *md,
         kreg_ucx_of(md)->orig = md->ib_md->ops;
     }
     return status;
-}
-
-void kreg_ucx_close_ib_md(kreg_md_t *md)
-{
-    kreg_ucx_of(md)->orig->close(md->ib_md);
 }
 
 ucs_status_t kreg_ucx_ib_md_query(kreg_md_t *md, uct_md_attr_t *md_attr)
@@ -160,23 +130,6 @@ ucs_status_t kreg_ucx_ib_mem_reg(kreg_md_t *md, void *address, size_t length,
                                           memh_p);
 }
 
-ucs_status_t kreg_ucx_ib_mem_dereg(kreg_md_t *md, uct_mem_h memh,
-                                   uct_completion_t *invalidate_comp)
-{
-    uct_md_mem_dereg_params_t params = {
-        .field_mask = UCT_MD_MEM_DEREG_FIELD_MEMH,
-        .memh       = memh
-    };
-
-    if (invalidate_comp != NULL) {
-        params.field_mask |= UCT_MD_MEM_DEREG_FIELD_FLAGS |
-                             UCT_MD_MEM_DEREG_FIELD_COMPLETION;
-        params.flags       = UCT_MD_MEM_DEREG_FLAG_INVALIDATE;
-        params.comp        = invalidate_comp;
-    }
-    return kreg_ucx_of(md)->orig->mem_dereg(md->ib_md, &params);
-}
-
 size_t kreg_ucx_memh_size(kreg_md_t *md)
 {
     /* the part of UCX's handle the verbs transports read (its lkey); the
@@ -189,37 +142,7 @@ int kreg_ucx_uses_global_odp(kreg_md_t *md)
     return 0; /* no implicit ODP method since UCX 1.16 */
 }
 
-void kreg_ucx_memh_want_atomic(uct_mem_h ucx_memh)
-{
-    /* as uct_ib_memh_alloc sets it for a registration that asks for it */
-    ((uct_ib_mem_t*)ucx_memh)->flags |= UCT_IB_MEM_ACCESS_REMOTE_ATOMIC;
-}
-
-void kreg_ucx_invalidate_cb(void *uct_completion)
-{
-    uct_invoke_completion(uct_completion, UCS_OK);
-}
-
 /* ---- the rcache ---------------------------------------------------------- */
-
-static ucs_status_t kreg_ucx_rcache_mem_reg(void *context, ucs_rcache_t *rcache,
-                                            void *arg,
-                                            ucs_rcache_region_t *region,
-                                            uint16_t flags)
-{
-    /* arg: the uct flags of kreg_md_mem_reg's lookup */
-    return kreg_md_ops->region_register(context,
-                                        ucs_derived_of(region, kreg_region_t),
-                                        *(const unsigned*)arg,
-                                        flags & UCS_RCACHE_MEM_REG_HIDE_ERRORS);
-}
-
-static void kreg_ucx_rcache_mem_dereg(void *context, ucs_rcache_t *rcache,
-                                      ucs_rcache_region_t *region)
-{
-    kreg_md_ops->region_deregister(context,
-                                   ucs_derived_of(region, kreg_region_t));
-}
 
 /* UCS merges overlapping regions into one new registration of the union:
  * there is nothing of the old regions to carry over (the new one is
@@ -227,14 +150,6 @@ static void kreg_ucx_rcache_mem_dereg(void *context, ucs_rcache_t *rcache,
 static void kreg_ucx_rcache_merge(void *context, ucs_rcache_t *rcache,
                                   void *arg, ucs_rcache_region_t *region)
 {
-}
-
-static void kreg_ucx_rcache_dump(void *context, ucs_rcache_t *rcache,
-                                 ucs_rcache_region_t *region, char *buf,
-                                 size_t max)
-{
-    kreg_md_ops->region_dump(context, ucs_derived_of(region, kreg_region_t),
-                             buf, max);
 }
 
 static ucs_rcache_ops_t kreg_ucx_rcache_ops = {
@@ -249,28 +164,17 @@ ucs_status_t kreg_ucx_rcache_create(kreg_md_t *md,
                                     ucs_rcache_t **rcache_p)
 {
     const kreg_md_config_t *kc = config->ucx;
-    const uct_ib_md_t *ib_md   = ucs_derived_of(md->ib_md, uct_ib_md_t);
     ucs_rcache_params_t params;
-    char name[64];
 
     /* UCS's rcache settings (event priority, limits, purge on fork) */
     ucs_rcache_set_params(&params, &kc->rcache);
-    params.region_struct_size = sizeof(kreg_region_t) + md->memh_size;
-    params.ucm_events         = UCM_EVENT_VM_UNMAPPED;
-    if (ib_md->reg_mem_types & ~UCS_BIT(UCS_MEMORY_TYPE_HOST)) {
-        params.ucm_events    |= UCM_EVENT_MEM_TYPE_FREE;
-    }
-    params.context            = md;
-    params.ops                = &kreg_ucx_rcache_ops;
-
-    ucs_snprintf_zero(name, sizeof(name), KREG_COMPONENT_NAME "_%s", md->name);
-    return ucs_rcache_create(&params, name, NULL, rcache_p);
+    return kreg_ucx_rcache_create_with(md, &params, &kreg_ucx_rcache_ops,
+                                       rcache_p);
 }
 
 /* ---- our md operations --------------------------------------------------- */
 
-static uct_md_ops_t kreg_ucx_md_ops;
-uct_component_t kreg_component;
+static void kreg_ucx_set_md_ops(uct_md_ops_t *ops);
 
 static ucs_status_t kreg_ucx_md_open(uct_component_t *component,
                                      const char *md_name,
@@ -288,49 +192,9 @@ static ucs_status_t kreg_ucx_md_open(uct_component_t *component,
         .rcache_overhead = ucs_time_units_to_sec(
                 config->rcache.overhead, KREG_UCX_RCACHE_OVERHEAD_DEFAULT)
     };
-    kreg_ucx_md_t *umd;
-    ucs_status_t status;
-    uct_md_h md;
 
-    umd = ucs_calloc(1, sizeof(*umd), "ib_regcache md");
-    if (umd == NULL) {
-        return UCS_ERR_NO_MEMORY;
-    }
-
-    status = kreg_md_ops->open(&umd->md, md_name, &open_config);
-    if (status != UCS_OK) {
-        ucs_free(umd);
-        return status;
-    }
-
-    /* UCX's ops, but ours where the cache is and where a call takes a
-     * memory handle; and the md is ours (UCX's open sets the ib component,
-     * and UCP would count it as one of ib's) */
-    md                   = umd->md.ib_md;
-    umd->ops             = *umd->orig;
-    umd->ops.close       = kreg_ucx_md_ops.close;
-    umd->ops.query       = kreg_ucx_md_ops.query;
-    umd->ops.mem_reg     = kreg_ucx_md_ops.mem_reg;
-    umd->ops.mem_dereg   = kreg_ucx_md_ops.mem_dereg;
-    umd->ops.mem_advise  = kreg_ucx_md_ops.mem_advise;
-    umd->ops.mkey_pack   = kreg_ucx_md_ops.mkey_pack;
-    umd->ops.mem_alloc   = kreg_ucx_md_ops.mem_alloc;
-    umd->ops.mem_free    = kreg_ucx_md_ops.mem_free;
-    umd->ops.mem_attach  = kreg_ucx_md_ops.mem_attach;
-    umd->ops.mem_elem_pack = kreg_ucx_md_ops.mem_elem_pack;
-    md->ops              = &umd->ops;
-    md->component        = &kreg_component;
-    *md_p                = md;
-    return UCS_OK;
-}
-
-static void kreg_ucx_md_close(uct_md_h md)
-{
-    kreg_ucx_md_t *umd = kreg_ucx_md(md);
-
-    /* UCX's close (through orig) frees md; umd is ours */
-    kreg_md_ops->close(&umd->md);
-    ucs_free(umd);
+    return kreg_ucx_md_open_with(md_name, &open_config, kreg_ucx_set_md_ops,
+                                 md_p);
 }
 
 static ucs_status_t kreg_ucx_md_query(uct_md_h md, uct_md_attr_v2_t *md_attr)
@@ -370,35 +234,6 @@ static ucs_status_t kreg_ucx_mem_reg(uct_md_h md, void *address,
                                 UCT_MD_MEM_REG_FIELD_VALUE(params, flags,
                                                            FIELD_FLAGS, 0),
                                 memh_p);
-}
-
-static ucs_status_t kreg_ucx_mem_dereg(uct_md_h md,
-                                       const uct_md_mem_dereg_params_t *params)
-{
-    kreg_md_t *kmd = &kreg_ucx_md(md)->md;
-
-    UCT_MD_MEM_DEREG_CHECK_PARAMS(params,
-                                  kmd->cap_flags & UCT_MD_FLAG_INVALIDATE);
-    return kreg_md_ops->mem_dereg(kmd, params->memh,
-                                  (UCT_MD_MEM_DEREG_FIELD_VALUE(params, flags,
-                                                                FIELD_FLAGS, 0) &
-                                   UCT_MD_MEM_DEREG_FLAG_INVALIDATE) ?
-                                  params->comp : NULL);
-}
-
-/* UCX's operations on a memh get the original; whatever they change in it
- * is copied back to the handle UCP holds. */
-static ucs_status_t kreg_ucx_mem_advise(uct_md_h md, uct_mem_h memh,
-                                        void *addr, size_t length,
-                                        unsigned advice)
-{
-    kreg_ucx_md_t *umd = kreg_ucx_md(md);
-    kreg_memh_t *kmemh = kreg_memh_of(memh);
-    ucs_status_t status;
-
-    status = umd->orig->mem_advise(md, kmemh->inner, addr, length, advice);
-    kreg_md_ops->memh_sync(&umd->md, kmemh);
-    return status;
 }
 
 static ucs_status_t kreg_ucx_mkey_pack(uct_md_h md, uct_mem_h memh,
@@ -445,30 +280,23 @@ static ucs_status_t kreg_ucx_mem_elem_pack(uct_md_h md, uct_mem_h memh,
     return UCS_ERR_UNSUPPORTED;
 }
 
-/* the operations kreg_ucx_md_open puts in each md's table */
-static uct_md_ops_t kreg_ucx_md_ops = {
-    .close         = kreg_ucx_md_close,
-    .query         = kreg_ucx_md_query,
-    .mem_alloc     = kreg_ucx_mem_alloc,
-    .mem_free      = kreg_ucx_mem_free,
-    .mem_advise    = kreg_ucx_mem_advise,
-    .mem_reg       = kreg_ucx_mem_reg,
-    .mem_dereg     = kreg_ucx_mem_dereg,
-    .mkey_pack     = kreg_ucx_mkey_pack,
-    .mem_attach    = kreg_ucx_mem_attach,
-    .mem_elem_pack = kreg_ucx_mem_elem_pack
-};
+/* UCX's ops of each md, and ours where the cache is and where a call takes
+ * a memory handle */
+static void kreg_ucx_set_md_ops(uct_md_ops_t *ops)
+{
+    ops->close         = kreg_ucx_md_close;
+    ops->query         = kreg_ucx_md_query;
+    ops->mem_alloc     = kreg_ucx_mem_alloc;
+    ops->mem_free      = kreg_ucx_mem_free;
+    ops->mem_advise    = kreg_ucx_mem_advise;
+    ops->mem_reg       = kreg_ucx_mem_reg;
+    ops->mem_dereg     = kreg_ucx_mem_dereg;
+    ops->mkey_pack     = kreg_ucx_mkey_pack;
+    ops->mem_attach    = kreg_ucx_mem_attach;
+    ops->mem_elem_pack = kreg_ucx_mem_elem_pack;
+}
 
 /* ---- the component ------------------------------------------------------- */
-
-static ucs_status_t
-kreg_ucx_query_md_resources(uct_component_t *component,
-                            uct_md_resource_desc_t **resources_p,
-                            unsigned *num_resources_p)
-{
-    return uct_ib_component.query_md_resources(&uct_ib_component, resources_p,
-                                               num_resources_p);
-}
 
 static ucs_status_t kreg_ucx_rkey_unpack(uct_component_t *component,
                                          const void *rkey_buffer,
@@ -477,20 +305,6 @@ static ucs_status_t kreg_ucx_rkey_unpack(uct_component_t *component,
 {
     return uct_ib_component.rkey_unpack(&uct_ib_component, rkey_buffer,
                                         params, rkey_p, handle_p);
-}
-
-static ucs_status_t kreg_ucx_rkey_ptr(uct_component_t *component,
-                                      uct_rkey_t rkey, void *handle,
-                                      uint64_t raddr, void **laddr_p)
-{
-    return uct_ib_component.rkey_ptr(&uct_ib_component, rkey, handle, raddr,
-                                     laddr_p);
-}
-
-static ucs_status_t kreg_ucx_rkey_release(uct_component_t *component,
-                                          uct_rkey_t rkey, void *handle)
-{
-    return uct_ib_component.rkey_release(&uct_ib_component, rkey, handle);
 }
 
 static ucs_status_t
@@ -502,94 +316,35 @@ kreg_ucx_rkey_compare(uct_component_t *component, uct_rkey_t rkey1,
                                          params, result);
 }
 
-/* UCX's IB md_vfs_init, and our rcache linked as UCX links an md's own */
-static void kreg_ucx_md_vfs_init(uct_md_h md)
-{
-    kreg_md_t *kmd = &kreg_ucx_md(md)->md;
-
-    uct_ib_component.md_vfs_init(md);
-    if (kmd->rcache != NULL) {
-        ucs_vfs_obj_add_sym_link(md, kmd->rcache, "rcache");
-    }
-}
-
 uct_component_t kreg_component = {
-    .name               = KREG_COMPONENT_NAME,
-    .query_md_resources = kreg_ucx_query_md_resources,
-    .md_open            = kreg_ucx_md_open,
-    .cm_open            = (uct_component_cm_open_func_t)
-                              ucs_empty_function_return_unsupported,
-    .rkey_unpack        = kreg_ucx_rkey_unpack,
-    .rkey_ptr           = kreg_ucx_rkey_ptr,
-    .rkey_release       = kreg_ucx_rkey_release,
-    .rkey_compare       = kreg_ucx_rkey_compare,
-    .md_config          = {
-        .name           = "IB memory domain with kernel-watched registration cache",
-        .prefix         = KREG_MD_CONFIG_PREFIX,
-        .table          = kreg_md_config_table,
-        .size           = sizeof(kreg_md_config_t),
-    },
-    .cm_config          = UCS_CONFIG_EMPTY_GLOBAL_LIST_ENTRY,
-    .tl_list            = UCT_COMPONENT_TL_LIST_INITIALIZER(&kreg_component),
-    .flags              = 0,
-    .md_vfs_init        = kreg_ucx_md_vfs_init
+    KREG_UCX_COMPONENT_COMMON(kreg_md_config_table, kreg_md_config_t),
+    .md_open      = kreg_ucx_md_open,
+    .rkey_unpack  = kreg_ucx_rkey_unpack,
+    .rkey_compare = kreg_ucx_rkey_compare
 };
 
-/* ---- the transports ------------------------------------------------------ *
- * UCX's verbs transports under new names, unchanged: they are opened with
- * our md, which is UCX's IB md object. The configuration prefix is the name
- * in capitals; the option tables are UCX's own (so UCX_RC_*, UCX_IB_* apply
- * as to stock rc_verbs), read again under our prefix. */
+/* ---- the transports and registration -------------------------------------- *
+ * UCX's verbs transports (ucx_common.h); the mlx5 ones are another module
+ * of UCX's since 1.18 and are not re-exported. */
 extern uct_tl_t uct_rc_verbs_tl;
 extern uct_tl_t uct_ud_verbs_tl;
-
-typedef struct {
-    uct_tl_t       tl;
-    const uct_tl_t *orig;
-} kreg_ucx_tl_t;
-
-#define KREG_UCX_TL(_name, _prefix, _orig) \
-    {.tl = {.name = _name, .config = {.name = _name " transport", \
-                                      .prefix = _prefix}}, \
-     .orig = _orig}
 
 static kreg_ucx_tl_t kreg_ucx_tls[] = {
     KREG_UCX_TL(KREG_RC_TL_NAME, "RC_KREG_", &uct_rc_verbs_tl),
     KREG_UCX_TL(KREG_UD_TL_NAME, "UD_KREG_", &uct_ud_verbs_tl),
 };
 
-/* ---- registration -------------------------------------------------------- */
-
 void kreg_ucx_register(const kreg_md_ops_t *ops)
 {
-    uct_tl_t *tl;
-    size_t i;
-
-    kreg_md_ops                        = ops;
-    kreg_ucx_ib_md_open                = uct_ib_component.md_open;
-    kreg_md_config_table[0].parser.arg = uct_ib_component.md_config.table;
-    uct_component_register(&kreg_component);
-    for (i = 0; i < ucs_static_array_size(kreg_ucx_tls); ++i) {
-        tl                = &kreg_ucx_tls[i].tl;
-        tl->query_devices = kreg_ucx_tls[i].orig->query_devices;
-        tl->iface_open    = kreg_ucx_tls[i].orig->iface_open;
-        tl->config.table  = kreg_ucx_tls[i].orig->config.table;
-        tl->config.size   = kreg_ucx_tls[i].orig->config.size;
-        uct_tl_register(&kreg_component, tl);
-    }
-    ucs_debug("ib_regcache: registered component '" KREG_COMPONENT_NAME
-              "' with %zu transports (" KREG_RC_TL_NAME ", " KREG_UD_TL_NAME
-              ")", ucs_static_array_size(kreg_ucx_tls));
+    kreg_ucx_ib_md_open = uct_ib_component.md_open;
+    kreg_ucx_register_component(ops, kreg_md_config_table, kreg_ucx_tls,
+                                ucs_static_array_size(kreg_ucx_tls));
 }
 
 void kreg_ucx_unregister(void)
 {
-    size_t i;
-
-    for (i = ucs_static_array_size(kreg_ucx_tls); i-- > 0;) {
-        uct_tl_unregister(&kreg_ucx_tls[i].tl);
-    }
-    uct_component_unregister(&kreg_component);
+    kreg_ucx_unregister_component(kreg_ucx_tls,
+                                  ucs_static_array_size(kreg_ucx_tls));
 }
 
 /* ---- loaded by UCX ------------------------------------------------------- */
