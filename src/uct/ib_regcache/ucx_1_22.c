@@ -144,9 +144,12 @@ int kreg_ucx_uses_global_odp(kreg_md_t *md)
 
 /* ---- the rcache ---------------------------------------------------------- */
 
-/* UCS merges overlapping regions into one new registration of the union:
- * there is nothing of the old regions to carry over (the new one is
- * watched and registered anew) */
+/* UCS merges overlapping regions into one new registration of the union,
+ * watched and registered anew. UCP's merge carries the old regions' access
+ * flags; ours needs not: UCX's verbs md registers every region with the
+ * device's full access, and a later hit that asks for remote atomics marks
+ * the handle (kreg_md_mem_reg), as on UCX 1.13, whose rcache has no merge
+ * callback. */
 static void kreg_ucx_rcache_merge(void *context, ucs_rcache_t *rcache,
                                   void *arg, ucs_rcache_region_t *region)
 {
