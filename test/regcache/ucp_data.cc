@@ -3,8 +3,8 @@
  * one context in one process, connected by their worker addresses.
  *
  *   ucp_data [--component LIB] [--rounds N] [--no-data] [--no-remap]
- *   ucp_data [--component LIB] --churn N [--size S] [--alloc malloc|mmap]
- *            [--warmup W]
+ *   ucp_data [--component LIB] --churn N [--size S] [--alloc malloc|mmap|thp]
+ *            [--warmup W] [--fork-init]
  *
  * --component LIB: dlopen LIB (libuct_ib_regcache.so) before ucp_init and
  * require kreg_ib_regcache_status() == UCS_OK; then remap rounds must never
@@ -32,7 +32,9 @@
  *    check every word there, free them. The same address comes back (mmap:
  *    the hole just unmapped; malloc: glibc's dynamic mmap threshold serves
  *    a size mmap'd once from the heap after its first free, so sizes up to
- *    32 MiB stop being unmapped at all). Prints
+ *    32 MiB stop being unmapped at all; thp: a slice inside 2 MiB blocks of
+ *    a mapping of its own, huge pages asked for, a new mapping each round,
+ *    see thp_slice_alloc). Prints
  *      churn: <kernel|hooks> alloc=A size=S rounds=N: U us/round (R rounds/s) ...
  *      CHURN alloc=A size=S rounds=N us_round=U us_send=.. med_round=..
  *            med_send=.. us_alloc=.. us_free=.. stale=.. wrong=.. ...
@@ -41,7 +43,11 @@
  *    during the timed rounds, when libcount_reg_mr.so is preloaded, else
  *    -1; changed: registrations the library refused in them because the
  *    kernel changed the pages while they were pinned, each after its
- *    tries, with the component, else -1.)
+ *    tries, with the component, else -1; dontfork: rounds whose buffer's
+ *    VMA was MADV_DONTFORK right after its send, from /proc/self/smaps.)
+ *    --fork-init: call ibv_fork_init() before ucp_init, as another library
+ *    in the process may (rdma-core's fork protection on, whatever
+ *    UCX_IB_FORK_INIT says).
  *    stale: the receiver got the previous round's bytes; wrong: neither.
  *
  * Exit: 0 if every data check passed (and, with --component, no round was
@@ -451,6 +457,8 @@ struct churn_result {
     long changed = -1; /* registrations the library refused in them because
                           the kernel changed the pages while they were
                           being pinned (kreg_get_stats), if loaded */
+    int dontfork = 0; /* rounds whose buffer was MADV_DONTFORK right after
+                         its send (registered, cached) */
 };
 
 /* libcount_reg_mr.so's running count, when it is preloaded: counted here,
@@ -478,6 +486,20 @@ long changed_refusals()
     kreg_stats_t st;
     fn(&st);
     return static_cast<long>(st.fallbacks[KREG_REASON_CHANGED]);
+}
+
+/* --fork-init: ibv_fork_init() before UCX runs, as another library of the
+ * process may call it: rdma-core's fork protection is then on whatever
+ * UCX_IB_FORK_INIT says (libibverbs by dlopen: UCX loads it itself). */
+bool rdma_fork_init()
+{
+    void *lib = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_GLOBAL);
+    auto fn = lib ? reinterpret_cast<int (*)(void)>(dlsym(lib, "ibv_fork_init"))
+                  : nullptr;
+    const int ret = fn ? fn() : -1;
+    std::printf("%s: ibv_fork_init() before ucp_init: %d\n",
+                (ret == 0) ? "info" : "FAIL", ret);
+    return ret == 0;
 }
 
 /* Whether UCT lists a component of that name (after ucp_init: the modules
@@ -512,9 +534,63 @@ double median_of(std::vector<double> &v)
     return (n % 2) ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
-                          bool use_malloc)
+/* Whether the VMA holding addr is marked MADV_DONTFORK ("dc" in its
+ * VmFlags in /proc/self/smaps): the kernel's own record of what fork
+ * protection did to a registered buffer. -1 if not found. */
+int vma_dontfork(const void *addr)
 {
+    FILE *f = std::fopen("/proc/self/smaps", "r");
+    if (f == nullptr) {
+        return -1;
+    }
+    const auto a = reinterpret_cast<uintptr_t>(addr);
+    char line[512];
+    bool in = false;
+    int found = -1;
+    while ((found < 0) && std::fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+            in = (a >= lo) && (a < hi);
+        } else if (in && !std::strncmp(line, "VmFlags:", 8)) {
+            found = (std::strstr(line, " dc") != nullptr);
+        }
+    }
+    std::fclose(f);
+    return found;
+}
+
+/* --alloc thp: len bytes at 512 KiB into the first of two 2 MiB-aligned
+ * blocks of an anonymous mapping of their own, asked for huge pages and
+ * touched. The buffer's ends lie inside a block its VMA covers whole: the
+ * layout in which splitting the VMA there (rdma-core's MADV_DONTFORK at
+ * ibv_reg_mr) makes the kernel send MMU_NOTIFY_CLEAR for the block
+ * (__split_huge_pmd), a huge page there or not. map_p, map_len_p: what to
+ * unmap. */
+constexpr size_t kHugeBlock = 2UL << 20;
+
+void *thp_slice_alloc(size_t len, void **map_p, size_t *map_len_p)
+{
+    const size_t off = kHugeBlock / 4;
+    const size_t blocks = (off + len + kHugeBlock - 1) / kHugeBlock + 1;
+    const size_t map_len = (blocks + 1) * kHugeBlock; /* room to align */
+    void *map = libc_mmap(map_len);
+    if (map == MAP_FAILED) {
+        return MAP_FAILED;
+    }
+    auto base = reinterpret_cast<uintptr_t>(map);
+    auto aligned = (base + kHugeBlock - 1) & ~(kHugeBlock - 1);
+    (void)madvise(reinterpret_cast<void *>(aligned), blocks * kHugeBlock,
+                  MADV_HUGEPAGE);
+    memset(reinterpret_cast<void *>(aligned), 1, blocks * kHugeBlock);
+    *map_p     = map;
+    *map_len_p = map_len;
+    return reinterpret_cast<void *>(aligned + off);
+}
+
+churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
+                          const std::string &alloc)
+{
+    const bool use_malloc = (alloc == "malloc"), thp = (alloc == "thp");
     using clock = std::chrono::steady_clock;
     auto us = [](clock::time_point a, clock::time_point b) {
         return std::chrono::duration<double, std::micro>(b - a).count();
@@ -539,7 +615,11 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
             changed_before = changed_refusals();
         }
         auto t0 = clock::now();
-        void *buf = use_malloc ? std::malloc(len) : libc_mmap(len);
+        void *map = nullptr;
+        size_t map_len = 0;
+        void *buf = use_malloc ? std::malloc(len) :
+                    thp        ? thp_slice_alloc(len, &map, &map_len) :
+                                 libc_mmap(len);
         if ((buf == nullptr) || (buf == MAP_FAILED)) {
             r.failed += timed;
             continue;
@@ -548,11 +628,14 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
         auto t1 = clock::now();
         bool sent = p.tag(buf, rbuf, len, 0x3000 + (seed & 0xfff));
         auto t2 = clock::now();
+        const int dc = vma_dontfork(buf);
         bool ok   = sent && words_ok(rbuf, len, seed);
         bool old  = !ok && sent && words_ok(rbuf, len, seed - 1);
         auto t3 = clock::now();
         if (use_malloc) {
             std::free(buf);
+        } else if (thp) {
+            munmap(map, map_len);
         } else {
             munmap(buf, len);
         }
@@ -560,6 +643,7 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
         if (timed) {
             ++r.rounds;
             r.same_address += (buf == last);
+            r.dontfork     += (dc > 0);
             r.failed       += !sent;
             r.stale        += old;
             r.wrong        += sent && !ok && !old;
@@ -594,6 +678,7 @@ int main(int argc, char **argv)
     bool bad = false;
     size_t size = 1 << 20;
     std::string alloc = "mmap";
+    bool fork_init = false;
 
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
@@ -613,22 +698,28 @@ int main(int argc, char **argv)
             size = std::strtoull(argv[++i], nullptr, 0);
         } else if ((a == "--alloc") && (i + 1 < argc)) {
             alloc = argv[++i];
+        } else if (a == "--fork-init") {
+            fork_init = true;
         } else {
             bad = true;
         }
     }
     if (bad || (churn < -1) || (warmup < 0) || (size < 8) || (size % 8 != 0) ||
-        ((alloc != "mmap") && (alloc != "malloc"))) {
+        ((alloc != "mmap") && (alloc != "malloc") && (alloc != "thp"))) {
         std::fprintf(stderr, "usage: ucp_data [--component LIB] "
                      "[--rounds N] [--no-data] [--no-remap]\n"
                      "       ucp_data [--component LIB] --churn N [--size S "
-                     "(a multiple of 8)] [--alloc malloc|mmap] [--warmup W]\n");
+                     "(a multiple of 8)] [--alloc malloc|mmap|thp] [--warmup W]\n"
+                     "                [--fork-init]\n");
         return 2;
     }
     if (churn >= 0) {
         data = remaps = false;
     }
 
+    if (fork_init && !rdma_fork_init()) {
+        return 1;
+    }
     const char *label = "hooks";
     const bool plugin = (component != nullptr) && !std::strcmp(component, "plugin");
     if (plugin) {
@@ -706,7 +797,7 @@ int main(int argc, char **argv)
     }
 
     if (churn >= 0) {
-        churn_result r = churn_rounds(p, churn, warmup, size, alloc == "malloc");
+        churn_result r = churn_rounds(p, churn, warmup, size, alloc);
         double n = r.rounds ? r.rounds : 1;
         double med_round = median_of(r.round_us), med_send = median_of(r.send_us);
         std::printf("churn: %s alloc=%s size=%zu rounds=%d (after %d untimed): "
@@ -724,11 +815,11 @@ int main(int argc, char **argv)
         std::printf("CHURN alloc=%s size=%zu rounds=%d us_round=%.2f "
                     "us_send=%.2f med_round=%.2f med_send=%.2f us_alloc=%.2f "
                     "us_free=%.2f stale=%d wrong=%d failed=%d same_address=%d "
-                    "regs=%ld changed=%ld\n",
+                    "regs=%ld changed=%ld dontfork=%d\n",
                     alloc.c_str(), size, r.rounds, r.us_total / n,
                     r.us_send / n, med_round, med_send, r.us_alloc / n,
                     r.us_free / n, r.stale, r.wrong, r.failed, r.same_address,
-                    r.regs, r.changed);
+                    r.regs, r.changed, r.dontfork);
         check((r.failed == 0) && (r.rounds == churn), "churn rounds ran");
         if (component != nullptr) {
             check((r.stale == 0) && (r.wrong == 0),

@@ -67,8 +67,10 @@ typedef struct kreg_memh {
 
 enum {
     KREG_MEMH_FLAG_CACHED = 1u << 0, /* in an rcache region (else heap)    */
-    KREG_MEMH_FLAG_ATOMIC = 1u << 1  /* registered or upgraded with remote
+    KREG_MEMH_FLAG_ATOMIC = 1u << 1, /* registered or upgraded with remote
                                         atomic access */
+    KREG_MEMH_FLAG_DONTFORK = 1u << 2 /* holds a reference of rdma-core's
+                                         fork protection (md.c)        */
 };
 
 /* The copy handed out as uct_mem_h, and back. */

@@ -97,6 +97,45 @@ static void kreg_md_ib_dereg(void *arg)
     a->region->memh.inner = NULL;
 }
 
+/* libibverbs exports these (IBVERBS_1.1) but its headers no longer declare
+ * them: the reference counted MADV_DONTFORK/MADV_DOFORK of fork protection
+ * that ibv_reg_mr and ibv_dereg_mr take and drop themselves. */
+int ibv_dontfork_range(void *base, size_t size);
+int ibv_dofork_range(void *base, size_t size);
+
+/*
+ * Hazard "DONTFORK split after the watch": with fork protection on
+ * (UCX_IB_FORK_INIT=try, UCX's default: rdma-core 44 turns it on even where
+ * the kernel copies pinned pages at fork, and ibv_is_fork_initialized()
+ * then says "unneeded"), ibv_reg_mr marks its range MADV_DONTFORK. That
+ * splits the VMA at the range's ends, and splitting a VMA inside a 2 MiB
+ * block it covers sends MMU_NOTIFY_CLEAR for the whole block
+ * (__split_huge_pmd, whether or not a huge page is mapped there): the
+ * watch, taken just before, sees its pages change while they were only
+ * split, and the registration is refused (three times, then uncached).
+ * Taking rdma-core's reference first makes the split happen before the
+ * watch; ibv_reg_mr then finds the range marked and madvises nothing, and
+ * neither does its dereg while ours is held (also across the retries of
+ * kreg_register_watched). Ours is dropped after the region's last dereg,
+ * as rdma-core would have dropped its own. Without fork protection both
+ * calls do nothing (and, like ibv_reg_mr, make a later ibv_fork_init fail).
+ * Returns whether a reference was taken.
+ */
+static int kreg_md_dontfork(void *address, size_t length)
+{
+    return ibv_dontfork_range(address, length) == 0;
+}
+
+static void kreg_md_dofork(kreg_region_t *region, void *address, size_t length)
+{
+    if ((region->memh.flags & KREG_MEMH_FLAG_DONTFORK) &&
+        (ibv_dofork_range(address, length) != 0)) {
+        ucs_debug("ib_regcache: MADV_DOFORK of %p..%p failed: %m", address,
+                  UCS_PTR_BYTE_OFFSET(address, length));
+    }
+    region->memh.flags &= ~KREG_MEMH_FLAG_DONTFORK;
+}
+
 ucs_status_t kreg_md_region_register(kreg_md_t *md, kreg_region_t *region,
                                      unsigned uct_flags, int silent)
 {
@@ -110,11 +149,16 @@ ucs_status_t kreg_md_region_register(kreg_md_t *md, kreg_region_t *region,
         arg.flags |= UCT_MD_MEM_FLAG_HIDE_ERRORS;
     }
 
+    region->memh.flags = kreg_md_dontfork(address, length) ?
+                         KREG_MEMH_FLAG_DONTFORK : 0;
     status = kreg_register_watched(address, length, &region->watch,
                                    kreg_md_ib_reg, kreg_md_ib_dereg,
                                    &arg, &reason);
+    if (status != UCS_OK) {
+        kreg_md_dofork(region, address, length);
+    }
     if (status == UCS_OK) {
-        region->memh.flags = KREG_MEMH_FLAG_CACHED;
+        region->memh.flags |= KREG_MEMH_FLAG_CACHED;
         if (uct_flags & UCT_MD_MEM_ACCESS_REMOTE_ATOMIC) {
             region->memh.flags |= KREG_MEMH_FLAG_ATOMIC;
         }
@@ -145,6 +189,8 @@ void kreg_md_region_deregister(kreg_md_t *md, kreg_region_t *region)
                  ucs_status_string(status));
     }
     kreg_unwatch(&region->watch);
+    kreg_md_dofork(region, (void*)region->super.super.start,
+                   region->super.super.end - region->super.super.start);
 }
 
 void kreg_md_region_dump(kreg_md_t *md, kreg_region_t *region, char *buf,

@@ -63,6 +63,33 @@ static ucs_config_field_t kreg_md_config_table[] = {
 /* UCX's own IB md_open, saved before kreg_ucx_register hooks it */
 static uct_component_md_open_func_t kreg_ucx_ib_md_open;
 
+/*
+ * Hazard "DONTFORK split after the watch" (md.c), at its source: UCX 1.13's
+ * IB md calls ibv_fork_init() unless FORK_INIT=n, and rdma-core 44 then
+ * marks every registered range MADV_DONTFORK and unmarks it at dereg, even
+ * where the kernel copies pinned pages at fork and rdma-core itself says
+ * fork protection is unneeded. Each mark splits a VMA, each unmark merges
+ * it again, and either, inside a 2 MiB block the VMA covers, invalidates
+ * every watch in that block (__split_huge_pmd): neighbouring cached
+ * registrations invalidate each other in turn. UCX 1.22 skips
+ * ibv_fork_init() there (openucx/ucx#11573); so does this layer, by
+ * opening UCX's md with FORK_INIT=n. UCX then installs its own warning at
+ * fork(), which on such a kernel is one it would not print itself.
+ */
+static int kreg_ucx_fork_init_needed(void)
+{
+    static int logged;
+
+    if (ibv_is_fork_initialized() != IBV_FORK_UNNEEDED) {
+        return 1;
+    }
+    if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED)) {
+        ucs_debug("ib_regcache: the kernel copies pinned pages at fork: "
+                  "UCX's IB md opens with FORK_INIT=n, as UCX 1.22 does");
+    }
+    return 0;
+}
+
 /* UCX's IB md opened with a clone of config whose REG_METHODS is
  * reg_methods. uct_ib_md_open keeps no pointer into its config (1.13.1:
  * ib_md.c copies md_config->ext, parses device specs and the subnet prefix
@@ -88,6 +115,9 @@ static ucs_status_t kreg_ucx_open_ib_md_with(const uct_ib_md_config_t *config,
     }
     status = ucs_config_parser_set_value(clone, table, "REG_METHODS",
                                          reg_methods);
+    if ((status == UCS_OK) && !kreg_ucx_fork_init_needed()) {
+        status = ucs_config_parser_set_value(clone, table, "FORK_INIT", "n");
+    }
     if (status == UCS_OK) {
         status = kreg_ucx_ib_md_open(&uct_ib_component, md_name, &clone->super,
                                      md_p);
