@@ -13,8 +13,17 @@
  * once for one range: it only bumps an atomic counter and queues the slot
  * under a spinlock.
  *
+ * Memory comes as it is used: open() allocates the per-descriptor arrays
+ * (a few KiB), a counter page comes with the first slot of it that is
+ * registered or read through the mapping (a fault), per-slot state with the
+ * first slot of its chunk. Everything is charged to the opener's memory
+ * cgroup (GFP_KERNEL_ACCOUNT) and to the opener's uid, which the per-user
+ * limits below bound; a process with CAP_SYS_RESOURCE or CAP_SYS_ADMIN at
+ * open is held by the global and per-descriptor limits only.
+ *
  * Locks, in the only order they nest:
- *   ctx->lock (mutex)  REGISTER and UNREGISTER: slots, chunks, limits.
+ *   ctx->lock (mutex)  REGISTER and UNREGISTER: slots, chunks, the range
+ *                      tree, limits.
  *                      Held across mmu_interval_notifier_insert() (which may
  *                      take mmap_lock for writing) and _remove() (which may
  *                      wait for invalidations). Never taken with mmap_lock
@@ -22,13 +31,21 @@
  *   ctx->ev_lock (spin) the event queue, the per-slot event state and the
  *                      live/taken bitmaps. Taken by the invalidate callback;
  *                      nothing that sleeps runs under it.
+ * kreg_users_lock (mutex) the per-uid table: open, release and sysfs only,
+ * never with another lock of ours held. Counter pages are published with
+ * cmpxchg() and never change until release: the fault handler (under
+ * mmap_lock or the VMA lock) takes no lock of ours.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/atomic.h>
 #include <linux/bitmap.h>
+#include <linux/capability.h>
+#include <linux/cred.h>
 #include <linux/device.h>
 #include <linux/fs.h>
+#include <linux/hashtable.h>
+#include <linux/interval_tree.h>
 #include <linux/miscdevice.h>
 #include <linux/minmax.h>
 #include <linux/mm.h>
@@ -36,6 +53,7 @@
 #include <linux/module.h>
 #include <linux/moduleparam.h>
 #include <linux/mutex.h>
+#include <linux/nospec.h>
 #include <linux/overflow.h>
 #include <linux/poll.h>
 #include <linux/sched/mm.h>
@@ -43,7 +61,6 @@
 #include <linux/spinlock.h>
 #include <linux/uaccess.h>
 #include <linux/version.h>
-#include <linux/vmalloc.h>
 #include <linux/wait.h>
 
 #include "uapi/kreg_notifier.h"
@@ -52,12 +69,17 @@
 #define KREG_MAX_RANGES_LIMIT	(1U << 20)
 /* Per-slot state is allocated in chunks of this many slots (4 KiB each). */
 #define KREG_CHUNK_SLOTS	128
+#define KREG_PAGE_SLOTS		(PAGE_SIZE / sizeof(u64))
 #define KREG_NO_SLOT		U32_MAX
 /* Records copied to user space per step of read(). */
 #define KREG_READ_BATCH		16
 
 static unsigned int max_ranges = 16384;
 static unsigned int max_total_ranges = 1U << 20;
+static unsigned int max_files_per_user = 512;
+static unsigned int max_ranges_per_user = 131072;
+static unsigned int max_kib_per_user = 65536;
+static unsigned int max_overlap = 32;
 
 static int kreg_set_max_ranges(const char *val, const struct kernel_param *kp)
 {
@@ -77,9 +99,50 @@ module_param(max_total_ranges, uint, 0644);
 MODULE_PARM_DESC(max_total_ranges,
 		 "ranges registered over all descriptors (default 1048576)");
 
+static int kreg_set_positive(const char *val, const struct kernel_param *kp)
+{
+	return param_set_uint_minmax(val, kp, 1, UINT_MAX);
+}
+
+static const struct kernel_param_ops kreg_positive_ops = {
+	.set = kreg_set_positive,
+	.get = param_get_uint,
+};
+
+module_param_cb(max_files_per_user, &kreg_positive_ops, &max_files_per_user,
+		0644);
+MODULE_PARM_DESC(max_files_per_user,
+		 "open descriptors of one uid (EMFILE; default 512)");
+module_param_cb(max_ranges_per_user, &kreg_positive_ops, &max_ranges_per_user,
+		0644);
+MODULE_PARM_DESC(max_ranges_per_user,
+		 "ranges registered by one uid (EDQUOT; default 131072)");
+module_param_cb(max_kib_per_user, &kreg_positive_ops, &max_kib_per_user, 0644);
+MODULE_PARM_DESC(max_kib_per_user,
+		 "KiB of module memory of one uid (EDQUOT; default 65536)");
+module_param_cb(max_overlap, &kreg_positive_ops, &max_overlap, 0644);
+MODULE_PARM_DESC(max_overlap,
+		 "ranges of one descriptor over any one page (EMLINK; default 32)");
+
 /* Live objects, shown in sysfs so that tests can see leaks. */
 static atomic_long_t kreg_nr_contexts = ATOMIC_LONG_INIT(0);
 static atomic_long_t kreg_nr_ranges = ATOMIC_LONG_INIT(0);
+static atomic_long_t kreg_nr_bytes = ATOMIC_LONG_INIT(0);
+
+/*
+ * What one uid holds. nr_files counts its contexts and keeps the entry;
+ * the others are charged and uncharged by its contexts.
+ */
+struct kreg_user {
+	struct hlist_node node;		/* kreg_users */
+	kuid_t uid;
+	unsigned int nr_files;		/* kreg_users_lock */
+	atomic_long_t nr_ranges;
+	atomic_long_t bytes;
+};
+
+static DEFINE_HASHTABLE(kreg_users, 6);
+static DEFINE_MUTEX(kreg_users_lock);
 
 /*
  * What the next read() record of a slot reports. A slot's record stays
@@ -103,14 +166,17 @@ struct kreg_chunk {
 
 struct kreg_ctx {
 	struct mm_struct *mm;		/* mmgrab()ed at open */
+	struct kreg_user *user;		/* the opener's uid, charged for all */
+	bool unlimited;			/* no per-user limits (capable at open) */
 	u32 nslots;
 	size_t counters_size;
-	atomic64_t *counters;		/* vmap of pages[], mapped read-only */
-	struct page **pages;
+	size_t base_bytes;		/* charged at open */
+	struct page **pages;		/* counter pages, cmpxchg()ed in once */
 	unsigned int nr_pages;
 
 	struct mutex lock;		/* REGISTER, UNREGISTER (see the top) */
 	struct kreg_chunk **chunks;	/* set under both locks, freed at release */
+	struct rb_root_cached tree;	/* live ranges by address */
 	u32 nr_live;
 	u64 gen;			/* tells registrations of one slot apart */
 
@@ -125,6 +191,7 @@ struct kreg_ctx {
 
 struct kreg_range {
 	struct mmu_interval_notifier mni;
+	struct interval_tree_node itn;	/* in ctx->tree while live */
 	struct kreg_ctx *ctx;
 	struct kreg_ev *ev;
 	atomic64_t *counter;
@@ -211,16 +278,102 @@ static const struct mmu_interval_notifier_ops kreg_mni_ops = {
 	.invalidate = kreg_invalidate,
 };
 
-/* One more range over all descriptors, unless max_total_ranges says no. */
-static bool kreg_charge_total(void)
+/* Adds n to *v unless that passes limit (limit < 0: no limit). */
+static bool kreg_add_below(atomic_long_t *v, long n, long limit)
 {
-	long cur = atomic_long_read(&kreg_nr_ranges);
+	long cur = atomic_long_read(v);
 
 	do {
-		if (cur >= (long)READ_ONCE(max_total_ranges))
+		if (limit >= 0 && cur + n > limit)
 			return false;
-	} while (!atomic_long_try_cmpxchg(&kreg_nr_ranges, &cur, cur + 1));
+	} while (!atomic_long_try_cmpxchg(v, &cur, cur + n));
 	return true;
+}
+
+/* bytes of module memory for ctx's uid: 0 or -EDQUOT (max_kib_per_user) */
+static int kreg_charge_mem(struct kreg_ctx *ctx, size_t bytes)
+{
+	long limit = (long)min_t(u64, (u64)READ_ONCE(max_kib_per_user) << 10,
+				 LONG_MAX);
+
+	if (!kreg_add_below(&ctx->user->bytes, bytes,
+			    ctx->unlimited ? -1 : limit))
+		return -EDQUOT;
+	atomic_long_add(bytes, &kreg_nr_bytes);
+	return 0;
+}
+
+static void kreg_uncharge_mem(struct kreg_ctx *ctx, size_t bytes)
+{
+	atomic_long_sub(bytes, &ctx->user->bytes);
+	atomic_long_sub(bytes, &kreg_nr_bytes);
+}
+
+/* One more range: -EDQUOT past max_ranges_per_user, -ENOSPC past
+ * max_total_ranges. */
+static int kreg_charge_range(struct kreg_ctx *ctx)
+{
+	if (!kreg_add_below(&ctx->user->nr_ranges, 1,
+			    ctx->unlimited ? -1 :
+					     (long)READ_ONCE(max_ranges_per_user)))
+		return -EDQUOT;
+	if (!kreg_add_below(&kreg_nr_ranges, 1,
+			    (long)READ_ONCE(max_total_ranges))) {
+		atomic_long_dec(&ctx->user->nr_ranges);
+		return -ENOSPC;
+	}
+	return 0;
+}
+
+static void kreg_uncharge_range(struct kreg_ctx *ctx)
+{
+	atomic_long_dec(&ctx->user->nr_ranges);
+	atomic_long_dec(&kreg_nr_ranges);
+}
+
+/*
+ * The counter page idx, allocated on first use (REGISTER of one of its
+ * slots, or a fault of the mapping) and never changed until release; NULL
+ * with *err -EDQUOT or -ENOMEM. No lock needed: a racing second allocation
+ * loses the cmpxchg() and is freed.
+ */
+static struct page *kreg_counter_page(struct kreg_ctx *ctx, unsigned int idx,
+				      int *err)
+{
+	struct page *page = smp_load_acquire(&ctx->pages[idx]);
+	struct page *old;
+
+	if (page)
+		return page;
+	*err = kreg_charge_mem(ctx, PAGE_SIZE);
+	if (*err)
+		return NULL;
+	page = alloc_page(GFP_KERNEL_ACCOUNT | __GFP_ZERO);
+	if (!page) {
+		kreg_uncharge_mem(ctx, PAGE_SIZE);
+		*err = -ENOMEM;
+		return NULL;
+	}
+	old = cmpxchg(&ctx->pages[idx], NULL, page);
+	if (old) {
+		__free_page(page);
+		kreg_uncharge_mem(ctx, PAGE_SIZE);
+		return old;
+	}
+	return page;
+}
+
+/* Whether max_overlap live ranges of ctx overlap [start, last] (ctx->lock). */
+static bool kreg_overlap_full(struct kreg_ctx *ctx, u64 start, u64 last)
+{
+	unsigned int cap = READ_ONCE(max_overlap), n = 0;
+	struct interval_tree_node *it;
+
+	for (it = interval_tree_iter_first(&ctx->tree, start, last); it;
+	     it = interval_tree_iter_next(it, start, last))
+		if (++n >= cap)
+			return true;
+	return false;
 }
 
 /*
@@ -230,11 +383,16 @@ static bool kreg_charge_total(void)
 static int kreg_claim_slot(struct kreg_ctx *ctx, struct kreg_range *r)
 {
 	struct kreg_chunk *chunk = NULL;
+	struct page *page;
 	unsigned int ci;
 	u32 slot;
+	int ret;
 
-	if (ctx->nr_live >= ctx->nslots || !kreg_charge_total())
+	if (ctx->nr_live >= ctx->nslots)
 		return -ENOSPC;
+	ret = kreg_charge_range(ctx);
+	if (ret)
+		return ret;
 
 	spin_lock(&ctx->ev_lock);
 	slot = find_first_zero_bit(ctx->taken, ctx->nslots);
@@ -242,18 +400,25 @@ static int kreg_claim_slot(struct kreg_ctx *ctx, struct kreg_range *r)
 		slot = find_first_zero_bit(ctx->live, ctx->nslots);
 	spin_unlock(&ctx->ev_lock);
 
+	page = kreg_counter_page(ctx, slot / KREG_PAGE_SLOTS, &ret);
+	if (!page)
+		goto fail;
 	ci = slot / KREG_CHUNK_SLOTS;
 	if (!ctx->chunks[ci]) {
+		ret = kreg_charge_mem(ctx, sizeof(*chunk));
+		if (ret)
+			goto fail;
 		chunk = kzalloc(sizeof(*chunk), GFP_KERNEL_ACCOUNT);
 		if (!chunk) {
-			atomic_long_dec(&kreg_nr_ranges);
-			return -ENOMEM;
+			kreg_uncharge_mem(ctx, sizeof(*chunk));
+			ret = -ENOMEM;
+			goto fail;
 		}
 	}
 
 	r->slot = slot;
 	r->gen = ++ctx->gen;
-	r->counter = &ctx->counters[slot];
+	r->counter = (atomic64_t *)page_address(page) + slot % KREG_PAGE_SLOTS;
 
 	spin_lock(&ctx->ev_lock);
 	if (chunk)
@@ -265,12 +430,20 @@ static int kreg_claim_slot(struct kreg_ctx *ctx, struct kreg_range *r)
 	r->ev = kreg_ev_of(ctx, slot);
 	*kreg_range_ptr(ctx, slot) = r;
 	ctx->nr_live++;
+	r->itn.start = r->start;
+	r->itn.last = r->end - 1;
+	interval_tree_insert(&r->itn, &ctx->tree);
 	return 0;
+
+fail:
+	kreg_uncharge_range(ctx);
+	return ret;
 }
 
 /* Undoes kreg_claim_slot() (ctx->lock held, r's notifier not inserted). */
 static void kreg_free_slot(struct kreg_ctx *ctx, struct kreg_range *r)
 {
+	interval_tree_remove(&r->itn, &ctx->tree);
 	*kreg_range_ptr(ctx, r->slot) = NULL;
 	spin_lock(&ctx->ev_lock);
 	__clear_bit(r->slot, ctx->live);
@@ -278,18 +451,30 @@ static void kreg_free_slot(struct kreg_ctx *ctx, struct kreg_range *r)
 		__clear_bit(r->slot, ctx->taken);
 	spin_unlock(&ctx->ev_lock);
 	ctx->nr_live--;
-	atomic_long_dec(&kreg_nr_ranges);
+	kreg_uncharge_range(ctx);
 }
 
-/* Ends a registration (ctx->lock held, or release). */
+static void kreg_range_free(struct kreg_ctx *ctx, struct kreg_range *r)
+{
+	kfree(r);
+	kreg_uncharge_mem(ctx, sizeof(*r));
+}
+
+/*
+ * Ends a registration (ctx->lock held, or release). The bump comes first:
+ * from then on a reader of the slot sees "not current", and until the
+ * notifier is gone every change still bumps. Removing first would leave a
+ * window in which a change completes, moves nothing, and UNREGISTER has
+ * not returned yet.
+ */
 static void kreg_drop(struct kreg_ctx *ctx, struct kreg_range *r)
 {
+	/* An old snapshot of this slot must never match again. */
+	kreg_bump(r->counter);
 	/* Waits for callbacks on other CPUs; none run on r afterwards. */
 	mmu_interval_notifier_remove(&r->mni);
-	/* An old snapshot of this slot must never match its next user. */
-	kreg_bump(r->counter);
 	kreg_free_slot(ctx, r);
-	kfree(r);
+	kreg_range_free(ctx, r);
 }
 
 static long kreg_register(struct kreg_ctx *ctx,
@@ -307,16 +492,25 @@ static long kreg_register(struct kreg_ctx *ctx,
 	    check_add_overflow(arg.start, arg.len, &end) || end > TASK_SIZE)
 		return -EINVAL;
 
+	ret = kreg_charge_mem(ctx, sizeof(*r));
+	if (ret)
+		return ret;
 	r = kzalloc(sizeof(*r), GFP_KERNEL_ACCOUNT);
-	if (!r)
+	if (!r) {
+		kreg_uncharge_mem(ctx, sizeof(*r));
 		return -ENOMEM;
+	}
 	r->ctx = ctx;
 	r->start = arg.start;
 	r->end = end;
 
 	if (mutex_lock_killable(&ctx->lock)) {
-		kfree(r);
+		kreg_range_free(ctx, r);
 		return -EINTR;
+	}
+	if (kreg_overlap_full(ctx, r->start, r->end - 1)) {
+		ret = -EMLINK;
+		goto out_free;
 	}
 	ret = kreg_claim_slot(ctx, r);
 	if (ret)
@@ -358,7 +552,7 @@ static long kreg_register(struct kreg_ctx *ctx,
 
 out_free:
 	mutex_unlock(&ctx->lock);
-	kfree(r);
+	kreg_range_free(ctx, r);
 	return ret;
 }
 
@@ -368,15 +562,18 @@ static long kreg_unregister(struct kreg_ctx *ctx,
 	struct kreg_nf_unregister arg;
 	struct kreg_range **rp;
 	long ret = 0;
+	u32 slot;
 
 	if (copy_from_user(&arg, uarg, sizeof(arg)))
 		return -EFAULT;
 	if (arg.flags || arg.slot >= ctx->nslots)
 		return -EINVAL;
+	/* no speculative chunks[] access past the bound either */
+	slot = array_index_nospec(arg.slot, ctx->nslots);
 
 	if (mutex_lock_killable(&ctx->lock))
 		return -EINTR;
-	rp = kreg_range_ptr(ctx, arg.slot);
+	rp = kreg_range_ptr(ctx, slot);
 	if (rp && *rp)
 		kreg_drop(ctx, *rp);
 	else
@@ -523,11 +720,40 @@ static __poll_t kreg_poll(struct file *file, poll_table *wait)
 }
 
 /*
- * The counters, read-only, at offset 0, at most counters_size bytes. Not
- * copied into a forked child (VM_IO makes madvise(MADV_DOFORK) refuse to
- * undo VM_DONTCOPY, and keeps the pages from being pinned), never writable
- * (VM_MAYWRITE cleared, so mprotect cannot add PROT_WRITE), not grown by
- * mremap, not dumped. Takes no lock of ours: mmap_lock is held here.
+ * A counter page comes in at the first access: allocated then if no
+ * REGISTER did it yet (charged like the rest; past max_kib_per_user the
+ * access gets SIGBUS), and inserted as a raw PFN, so that nothing can take a
+ * reference to it (get_user_pages() refuses VM_PFNMAP | VM_IO mappings, and
+ * the special PTE stops fast GUP). The pages stay until release, which the
+ * mapping's reference to the file keeps away while any PTE points at them.
+ */
+static vm_fault_t kreg_fault(struct vm_fault *vmf)
+{
+	struct kreg_ctx *ctx = vmf->vma->vm_file->private_data;
+	unsigned long idx = vmf->pgoff;
+	struct page *page;
+	int err;
+
+	if (idx >= ctx->nr_pages)
+		return VM_FAULT_SIGBUS;
+	idx = array_index_nospec(idx, ctx->nr_pages);
+	page = kreg_counter_page(ctx, idx, &err);
+	if (!page)
+		return err == -ENOMEM ? VM_FAULT_OOM : VM_FAULT_SIGBUS;
+	return vmf_insert_pfn(vmf->vma, vmf->address, page_to_pfn(page));
+}
+
+static const struct vm_operations_struct kreg_vm_ops = {
+	.fault = kreg_fault,
+};
+
+/*
+ * The counters, read-only, at offset 0, at most counters_size bytes, pages
+ * inserted as they are touched (kreg_fault). Not copied into a forked child
+ * (VM_IO makes madvise(MADV_DOFORK) refuse to undo VM_DONTCOPY), never
+ * writable (VM_MAYWRITE cleared, so mprotect cannot add PROT_WRITE), never
+ * pinned (VM_PFNMAP), not grown by mremap, not dumped. Takes no lock of
+ * ours: mmap_lock is held here.
  */
 static int kreg_mmap(struct file *file, struct vm_area_struct *vma)
 {
@@ -540,13 +766,56 @@ static int kreg_mmap(struct file *file, struct vm_area_struct *vma)
 	if (vma->vm_flags & VM_WRITE)
 		return -EACCES;
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 3, 0)
-	vm_flags_set(vma, VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP | VM_IO);
+	vm_flags_set(vma, VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP | VM_IO |
+		     VM_PFNMAP);
 	vm_flags_clear(vma, VM_MAYWRITE);
 #else
-	vma->vm_flags |= VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP | VM_IO;
+	vma->vm_flags |= VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP | VM_IO |
+			 VM_PFNMAP;
 	vma->vm_flags &= ~VM_MAYWRITE;
 #endif
-	return remap_vmalloc_range(vma, ctx->counters, 0);
+	vma->vm_ops = &kreg_vm_ops;
+	return 0;
+}
+
+/* The uid's entry with one more descriptor, or -EMFILE (max_files_per_user)
+ * or -ENOMEM. */
+static struct kreg_user *kreg_user_get(kuid_t uid, bool unlimited)
+{
+	struct kreg_user *u;
+
+	mutex_lock(&kreg_users_lock);
+	hash_for_each_possible(kreg_users, u, node, __kuid_val(uid))
+		if (uid_eq(u->uid, uid))
+			goto found;
+	u = kzalloc(sizeof(*u), GFP_KERNEL);
+	if (!u) {
+		mutex_unlock(&kreg_users_lock);
+		return ERR_PTR(-ENOMEM);
+	}
+	u->uid = uid;
+	hash_add(kreg_users, &u->node, __kuid_val(uid));
+found:
+	if (!unlimited && u->nr_files >= READ_ONCE(max_files_per_user)) {
+		/* a new entry has nr_files 0 < max_files_per_user */
+		mutex_unlock(&kreg_users_lock);
+		return ERR_PTR(-EMFILE);
+	}
+	u->nr_files++;
+	mutex_unlock(&kreg_users_lock);
+	return u;
+}
+
+static void kreg_user_put(struct kreg_user *u)
+{
+	mutex_lock(&kreg_users_lock);
+	if (!--u->nr_files) {
+		WARN_ON_ONCE(atomic_long_read(&u->nr_ranges) ||
+			     atomic_long_read(&u->bytes));
+		hash_del(&u->node);
+		kfree(u);
+	}
+	mutex_unlock(&kreg_users_lock);
 }
 
 static void kreg_ctx_free(struct kreg_ctx *ctx)
@@ -555,76 +824,93 @@ static void kreg_ctx_free(struct kreg_ctx *ctx)
 
 	if (ctx->chunks)
 		for (i = 0; i < DIV_ROUND_UP(ctx->nslots, KREG_CHUNK_SLOTS); i++)
-			kfree(ctx->chunks[i]);
+			if (ctx->chunks[i]) {
+				kfree(ctx->chunks[i]);
+				kreg_uncharge_mem(ctx, sizeof(struct kreg_chunk));
+			}
 	kvfree(ctx->chunks);
 	kvfree(ctx->live);
 	kvfree(ctx->taken);
-	if (ctx->counters)
-		vunmap(ctx->counters);
 	if (ctx->pages)
-		for (i = 0; i < ctx->nr_pages && ctx->pages[i]; i++)
-			__free_page(ctx->pages[i]);
+		for (i = 0; i < ctx->nr_pages; i++)
+			if (ctx->pages[i]) {
+				__free_page(ctx->pages[i]);
+				kreg_uncharge_mem(ctx, PAGE_SIZE);
+			}
 	kvfree(ctx->pages);
+	kreg_uncharge_mem(ctx, ctx->base_bytes);
 	kfree(ctx);
 }
 
 /*
- * Counter pages are allocated one by one with GFP_KERNEL_ACCOUNT (charged to
- * the opener's memory cgroup, as everything else here) and vmap()ed with
- * VM_USERMAP so that remap_vmalloc_range() maps them: vmalloc_user() would
- * not charge them.
+ * A context with its arrays; counter pages and per-slot state come later.
+ * Charged to the opener's cgroup (GFP_KERNEL_ACCOUNT) and to user: -EDQUOT
+ * past max_kib_per_user, or -ENOMEM.
  */
-static struct kreg_ctx *kreg_ctx_alloc(u32 nslots)
+static struct kreg_ctx *kreg_ctx_alloc(u32 nslots, struct kreg_user *user,
+				       bool unlimited)
 {
 	size_t nlongs = BITS_TO_LONGS(nslots);
+	size_t nchunks = DIV_ROUND_UP(nslots, KREG_CHUNK_SLOTS);
+	size_t counters_size = PAGE_ALIGN((size_t)nslots * sizeof(u64));
+	size_t nr_pages = counters_size >> PAGE_SHIFT;
+	struct kreg_ctx tmp = { .user = user, .unlimited = unlimited };
 	struct kreg_ctx *ctx;
-	unsigned int i;
+	size_t bytes;
 
+	bytes = sizeof(*ctx) + 2 * nlongs * sizeof(long) +
+		(nchunks + nr_pages) * sizeof(void *);
+	if (kreg_charge_mem(&tmp, bytes))
+		return ERR_PTR(-EDQUOT);
 	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL_ACCOUNT);
-	if (!ctx)
-		return NULL;
+	if (!ctx) {
+		kreg_uncharge_mem(&tmp, bytes);
+		return ERR_PTR(-ENOMEM);
+	}
+	ctx->user = user;
+	ctx->unlimited = unlimited;
+	ctx->base_bytes = bytes;
 	ctx->nslots = nslots;
-	ctx->counters_size = PAGE_ALIGN((size_t)nslots * sizeof(u64));
-	ctx->nr_pages = ctx->counters_size >> PAGE_SHIFT;
+	ctx->counters_size = counters_size;
+	ctx->nr_pages = nr_pages;
+	ctx->tree = RB_ROOT_CACHED;
 	mutex_init(&ctx->lock);
 	spin_lock_init(&ctx->ev_lock);
 	init_waitqueue_head(&ctx->wq);
 	ctx->q_head = KREG_NO_SLOT;
 	ctx->q_tail = KREG_NO_SLOT;
 
-	ctx->pages = kvcalloc(ctx->nr_pages, sizeof(*ctx->pages),
+	ctx->pages = kvcalloc(nr_pages, sizeof(*ctx->pages),
 			      GFP_KERNEL_ACCOUNT);
-	ctx->chunks = kvcalloc(DIV_ROUND_UP(nslots, KREG_CHUNK_SLOTS),
-			       sizeof(*ctx->chunks), GFP_KERNEL_ACCOUNT);
+	ctx->chunks = kvcalloc(nchunks, sizeof(*ctx->chunks),
+			       GFP_KERNEL_ACCOUNT);
 	ctx->live = kvcalloc(nlongs, sizeof(long), GFP_KERNEL_ACCOUNT);
 	ctx->taken = kvcalloc(nlongs, sizeof(long), GFP_KERNEL_ACCOUNT);
-	if (!ctx->pages || !ctx->chunks || !ctx->live || !ctx->taken)
-		goto fail;
-	for (i = 0; i < ctx->nr_pages; i++) {
-		ctx->pages[i] = alloc_page(GFP_KERNEL_ACCOUNT | __GFP_ZERO);
-		if (!ctx->pages[i])
-			goto fail;
+	if (!ctx->pages || !ctx->chunks || !ctx->live || !ctx->taken) {
+		kreg_ctx_free(ctx);
+		return ERR_PTR(-ENOMEM);
 	}
-	ctx->counters = vmap(ctx->pages, ctx->nr_pages, VM_MAP | VM_USERMAP,
-			     PAGE_KERNEL);
-	if (!ctx->counters)
-		goto fail;
 	return ctx;
-
-fail:
-	kreg_ctx_free(ctx);
-	return NULL;
 }
 
 static int kreg_open(struct inode *inode, struct file *file)
 {
+	struct kreg_user *user;
 	struct kreg_ctx *ctx;
+	bool unlimited;
 
 	if (!current->mm)
 		return -EPERM;
-	ctx = kreg_ctx_alloc(READ_ONCE(max_ranges));
-	if (!ctx)
-		return -ENOMEM;
+	unlimited = ns_capable_noaudit(&init_user_ns, CAP_SYS_RESOURCE) ||
+		    ns_capable_noaudit(&init_user_ns, CAP_SYS_ADMIN);
+	user = kreg_user_get(current_uid(), unlimited);
+	if (IS_ERR(user))
+		return PTR_ERR(user);
+	ctx = kreg_ctx_alloc(READ_ONCE(max_ranges), user, unlimited);
+	if (IS_ERR(ctx)) {
+		kreg_user_put(user);
+		return PTR_ERR(ctx);
+	}
 	mmgrab(current->mm);
 	ctx->mm = current->mm;
 	file->private_data = ctx;
@@ -635,11 +921,12 @@ static int kreg_open(struct inode *inode, struct file *file)
 /*
  * Last close: at close(), at exit (after exit_mm(): the address space may be
  * gone already, the mm_struct itself is still ours), in whatever process
- * held the last reference. No ioctl, read or mmap can run any more.
+ * held the last reference. No ioctl, read, mmap or fault can run any more.
  */
 static int kreg_release(struct inode *inode, struct file *file)
 {
 	struct kreg_ctx *ctx = file->private_data;
+	struct kreg_user *user = ctx->user;
 	struct kreg_range **rp;
 	u32 slot;
 
@@ -656,6 +943,7 @@ static int kreg_release(struct inode *inode, struct file *file)
 	}
 	mmdrop(ctx->mm);
 	kreg_ctx_free(ctx);
+	kreg_user_put(user);
 	atomic_long_dec(&kreg_nr_contexts);
 	return 0;
 }
@@ -671,23 +959,55 @@ static const struct file_operations kreg_fops = {
 	.mmap = kreg_mmap,
 };
 
-static ssize_t contexts_show(struct device *dev, struct device_attribute *attr,
-			     char *buf)
-{
-	return sysfs_emit(buf, "%ld\n", atomic_long_read(&kreg_nr_contexts));
-}
-static DEVICE_ATTR_RO(contexts);
+/* The live counts tell what other users do: root only (0400). */
+struct kreg_count_attr {
+	struct device_attribute attr;
+	atomic_long_t *count;
+};
 
-static ssize_t ranges_show(struct device *dev, struct device_attribute *attr,
-			   char *buf)
+static ssize_t kreg_count_show(struct device *dev,
+			       struct device_attribute *attr, char *buf)
 {
-	return sysfs_emit(buf, "%ld\n", atomic_long_read(&kreg_nr_ranges));
+	struct kreg_count_attr *ca =
+		container_of(attr, struct kreg_count_attr, attr);
+
+	return sysfs_emit(buf, "%ld\n", atomic_long_read(ca->count));
 }
-static DEVICE_ATTR_RO(ranges);
+
+#define KREG_COUNT_ATTR(_name, _count)					\
+	struct kreg_count_attr kreg_attr_##_name = {			\
+		.attr = __ATTR(_name, 0400, kreg_count_show, NULL),	\
+		.count = &(_count),					\
+	}
+
+static KREG_COUNT_ATTR(contexts, kreg_nr_contexts);
+static KREG_COUNT_ATTR(ranges, kreg_nr_ranges);
+static KREG_COUNT_ATTR(memory, kreg_nr_bytes);
+
+/* "uid descriptors ranges bytes", a line per uid holding a descriptor */
+static ssize_t users_show(struct device *dev, struct device_attribute *attr,
+			  char *buf)
+{
+	struct kreg_user *u;
+	int len = 0, bkt;
+
+	mutex_lock(&kreg_users_lock);
+	hash_for_each(kreg_users, bkt, u, node)
+		len += sysfs_emit_at(buf, len, "%u %u %ld %ld\n",
+				     from_kuid(&init_user_ns, u->uid),
+				     u->nr_files,
+				     atomic_long_read(&u->nr_ranges),
+				     atomic_long_read(&u->bytes));
+	mutex_unlock(&kreg_users_lock);
+	return len;
+}
+static DEVICE_ATTR_ADMIN_RO(users);
 
 static struct attribute *kreg_attrs[] = {
-	&dev_attr_contexts.attr,
-	&dev_attr_ranges.attr,
+	&kreg_attr_contexts.attr.attr,
+	&kreg_attr_ranges.attr.attr,
+	&kreg_attr_memory.attr.attr,
+	&dev_attr_users.attr,
 	NULL,
 };
 ATTRIBUTE_GROUPS(kreg);
