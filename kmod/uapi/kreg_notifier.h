@@ -10,7 +10,8 @@
  * madvise DONTNEED/FREE/REMOVE, truncate or hole punch of shared memory,
  * migration, exit), the notifier bumps the range's counter, in the changing
  * thread, before the change, and queues the range for read(). Changes that
- * leave the pages in place (mprotect, soft-dirty clearing) bump nothing.
+ * leave the pages in place (mprotect of whole pages, soft-dirty clearing)
+ * bump nothing; an mprotect that splits a huge page does.
  *
  * A cached registration is current iff its slot's counter still holds the
  * value returned by REGISTER: one load, no system call.
@@ -30,18 +31,59 @@
  * may hold old pages (unregister and start over). Afterwards, the entry is
  * current iff the counter still equals the kept value.
  *
+ * UNREGISTER bumps the slot's counter first, then removes the notifier
+ * (waiting for callbacks running on it), then frees the slot. A caller may
+ * rely on this:
+ *  - a change of the range's pages that completes before UNREGISTER returns
+ *    has moved the counter past every value it held before UNREGISTER was
+ *    called, by the time the change completes: its callback did, or
+ *    UNREGISTER's bump came first. No change is missed while it runs.
+ *  - while UNREGISTER runs the counter may move more than once, and the
+ *    range may still be queued for read().
+ *  - once it returned: the counter differs from every value it held before
+ *    the call, no callback runs on the range any more, and the slot may be
+ *    handed to a later REGISTER, whose value is larger still. The counter
+ *    then follows that registration; nothing is said about the old range.
+ *
+ * The counter mapping: pages come in at first access (a REGISTER in their
+ * slots or a load), so that open() costs a few KiB; a load of a page that
+ * would take its user past max_kib_per_user gets SIGBUS (it never happens
+ * for a slot that REGISTER returned). The pages cannot be pinned (VM_PFNMAP:
+ * get_user_pages, vmsplice and O_DIRECT fail with EFAULT) and are not
+ * readable through /proc/PID/mem or ptrace.
+ *
+ * Limits (module parameters, /sys/module/kreg_notifier/parameters/, root
+ * may change them at any time; they apply to what comes next). The per-user
+ * ones count what the opener's real uid holds over all its descriptors; a
+ * process with CAP_SYS_RESOURCE or CAP_SYS_ADMIN when it opens is held by
+ * the others only:
+ *   max_ranges          slots of one descriptor (read at open)    ENOSPC
+ *   max_total_ranges    ranges over all descriptors               ENOSPC
+ *   max_files_per_user  open descriptors of one uid               EMFILE
+ *   max_ranges_per_user ranges of one uid                         EDQUOT
+ *   max_kib_per_user    module memory of one uid (KiB)            EDQUOT
+ *   max_overlap         ranges of one descriptor that overlap
+ *                       any one range being registered            EMLINK
+ *
  * Errors (errno), any call: EPERM from another mm; ENOTTY for an unknown
  * ioctl; EFAULT for an argument that cannot be read or written (nothing
  * changes then: a REGISTER whose result cannot be written is undone); EINTR
  * when a fatal signal arrives while the call waits for another one of the
  * same descriptor, or (REGISTER) when any signal is pending while the
  * kernel sets up notifiers for the process's first range: call again.
+ *   open()      EMFILE  the uid holds max_files_per_user descriptors (or the
+ *                       process's RLIMIT_NOFILE, as for any open)
+ *               EDQUOT  the uid's memory would pass max_kib_per_user
+ *               ENOMEM
  *   REGISTER    EINVAL  flags not 0, start or len not page aligned, len 0,
  *                       start + len wraps or lies above the top of user
  *                       space (TASK_SIZE)
  *               ENOSPC  every slot of this descriptor is taken (max_ranges),
  *                       or all descriptors together hold max_total_ranges
- *                       (module parameters)
+ *               EDQUOT  the uid holds max_ranges_per_user ranges, or its
+ *                       memory would pass max_kib_per_user
+ *               EMLINK  max_overlap ranges of this descriptor overlap the
+ *                       new one (a page is watched that often already)
  *               ENOMEM
  *   UNREGISTER  EINVAL  flags not 0, slot >= max_ranges
  *               ENOENT  nothing is registered in the slot
@@ -51,6 +93,7 @@
  *               EACCES  PROT_WRITE, now or later (mprotect); the mapping is
  *                       never copied into a child (madvise MADV_DOFORK on
  *                       it fails with EINVAL), grown, pinned or dumped
+ *   a load from the mapping  SIGBUS  its page would pass max_kib_per_user
  */
 #ifndef _UAPI_KREG_NOTIFIER_H
 #define _UAPI_KREG_NOTIFIER_H
@@ -80,8 +123,9 @@ struct kreg_nf_register {
 			  any later change of the range's pages moves it */
 };
 
-/* KREG_NF_IOC_UNREGISTER (in). Bumps the slot's counter, so an old
- * snapshot never matches a later user of the slot. */
+/* KREG_NF_IOC_UNREGISTER (in). Bumps the slot's counter before it removes
+ * the notifier (see the top), so no change is missed while it runs and an
+ * old snapshot never matches a later user of the slot. */
 struct kreg_nf_unregister {
 	__u32 slot;
 	__u32 flags;   /* 0 */

@@ -10,6 +10,13 @@
  * rcaches drop (and unpin) such registrations eagerly; nothing ever waits
  * for it.
  *
+ * The module's limits (kmod/README.md) end in one warning naming the
+ * limit, the first time each is met: an open refused (EMFILE, EDQUOT) lets
+ * the caller start the userfaultfd backend instead; a REGISTER refused
+ * (ENOSPC, EDQUOT, EMLINK) first gives back the notifiers kept for reuse
+ * (those over the same pages for EMLINK), then leaves that one
+ * registration uncached (KREG_REASON_LIMIT).
+ *
  * After a fork the child has no counter mapping (the module maps it
  * VM_DONTCOPY) and its descriptor speaks for the parent: the child maps
  * zero pages where the counters were, so every inherited watch reads 0
@@ -26,6 +33,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <cstring>
@@ -70,11 +78,56 @@ kreg_reason_t reason_of(int err)
     case EPERM:
     case EACCES: return KREG_REASON_EPERM;
     case ENOSPC:
+    case EDQUOT:
+    case EMLINK:
+    case EMFILE:
     case ENOMEM: return KREG_REASON_LIMIT;
     case EINVAL:
     case EOVERFLOW:
     case EFAULT: return KREG_REASON_BAD_INPUT;
     default:     return KREG_REASON_OTHER;
+    }
+}
+
+/* "name=value" of a module parameter, "name" if it cannot be read */
+std::string nf_param(const char *name)
+{
+    std::string text(name);
+    char path[128], buf[32] = "";
+    snprintf(path, sizeof(path), "/sys/module/kreg_notifier/parameters/%s", name);
+    FILE *f = fopen(path, "re");
+    if (f != nullptr) {
+        if (fgets(buf, sizeof(buf), f) != nullptr) {
+            buf[strcspn(buf, "\n")] = '\0';
+            text += std::string("=") + buf;
+        }
+        fclose(f);
+    }
+    return text;
+}
+
+/* Which of the module's limits an errno of open() or REGISTER names;
+ * empty for anything else. */
+std::string nf_limit(int err, bool at_open)
+{
+    switch (err) {
+    case EMFILE:
+        return "the descriptors of this user (" + nf_param("max_files_per_user") +
+               ") or of this process (RLIMIT_NOFILE)";
+    case EDQUOT:
+        return at_open ? "the module memory of this user (" +
+                                 nf_param("max_kib_per_user") + " KiB)" :
+                         "the ranges or module memory of this user (" +
+                                 nf_param("max_ranges_per_user") + ", " +
+                                 nf_param("max_kib_per_user") + " KiB)";
+    case ENOSPC:
+        return "the slots of this descriptor (" + nf_param("max_ranges") +
+               ") or the ranges of all users (" + nf_param("max_total_ranges") + ")";
+    case EMLINK:
+        return "the registrations over the same pages (" + nf_param("max_overlap") +
+               " a descriptor)";
+    default:
+        return std::string();
     }
 }
 
@@ -94,8 +147,17 @@ public:
 
         fd_ = open(KREG_NF_DEVICE, O_RDWR | O_CLOEXEC | O_NONBLOCK);
         if (fd_ < 0) {
-            return fail(reason_of(errno),
-                        std::string(KREG_NF_DEVICE ": ") + strerror(errno));
+            const int         e     = errno;
+            const std::string limit = nf_limit(e, true);
+            if (!limit.empty()) {
+                /* the one line: the caller goes on with userfaultfd */
+                ucs_warn("kreg: " KREG_NF_DEVICE ": %s: the kreg_notifier module's "
+                         "limit on %s is reached; watching through another "
+                         "backend", strerror(e), limit.c_str());
+                return fail(reason_of(e), std::string(KREG_NF_DEVICE ": ") +
+                                                  strerror(e) + ": limit on " + limit);
+            }
+            return fail(reason_of(e), std::string(KREG_NF_DEVICE ": ") + strerror(e));
         }
         struct kreg_nf_info info = {};
         if (nf_ioctl(fd_, KREG_NF_IOC_INFO, &info) != 0) {
@@ -190,8 +252,20 @@ public:
             struct kreg_nf_register reg = {};
             reg.start = start;
             reg.len   = end - start;
-            if (nf_ioctl(fd_, KREG_NF_IOC_REGISTER, &reg) != 0) {
+            bool evicted_overlap = false;
+            while (nf_ioctl(fd_, KREG_NF_IOC_REGISTER, &reg) != 0) {
                 *err = errno;
+                /* the module's limits: give back kept notifiers first */
+                if ((*err == EMLINK) && !evicted_overlap) {
+                    evicted_overlap = true;
+                    if (evict_retained_over(start, end)) {
+                        continue;
+                    }
+                } else if (((*err == ENOSPC) || (*err == EDQUOT)) &&
+                           evict_oldest_retained()) {
+                    continue;
+                }
+                warn_limit_once(*err);
                 return reason_of(*err);
             }
             slot    = reg.slot;
@@ -347,6 +421,52 @@ private:
         }
     }
 
+    /* One warning per limit and process, the first time REGISTER meets it;
+     * the registration goes on uncached. */
+    void warn_limit_once(int err)
+    {
+        const int bit = (err == ENOSPC) ? 1 : (err == EDQUOT) ? 2 : (err == EMLINK) ? 4 : 0;
+        if ((bit == 0) || (warned_.fetch_or(bit) & bit)) {
+            return;
+        }
+        ucs_warn("kreg: REGISTER: %s: the kreg_notifier module's limit on %s "
+                 "is reached; such registrations are not cached", strerror(err),
+                 nf_limit(err, false).c_str());
+    }
+
+    /* UNREGISTERs the retained notifiers over [start, end); false if none.
+     * lock_ held. */
+    bool evict_retained_over(uintptr_t start, uintptr_t end)
+    {
+        bool any = false;
+        for (auto it = retained_.begin(); it != retained_.end();) {
+            if ((it->first.first < end) && (start < it->first.second)) {
+                const uint32_t slot = it->second;
+                it = retained_.erase(it);
+                retained_seq_[slot] = 0; /* its place in the order is void */
+                unregister_slot(slot);
+                any = true;
+            } else {
+                ++it;
+            }
+        }
+        return any;
+    }
+
+    /* Gives a slot's notifier back to the module. lock_ held. */
+    void unregister_slot(uint32_t slot)
+    {
+        const page_range        r     = live_[slot];
+        struct kreg_nf_unregister unreg = {};
+        unreg.slot = slot;
+        if (nf_ioctl(fd_, KREG_NF_IOC_UNREGISTER, &unreg) != 0) {
+            ucs_warn("kreg: unregistering slot %u (0x%lx..0x%lx) failed: %m",
+                     slot, r.first, r.second);
+        }
+        live_[slot] = page_range{0, 0};
+        --live_count_;
+    }
+
     /* UNREGISTERs the oldest retained notifier; false if none. lock_ held. */
     bool evict_oldest_retained()
     {
@@ -365,14 +485,7 @@ private:
                 }
             }
             retained_seq_[s.slot] = 0;
-            struct kreg_nf_unregister unreg = {};
-            unreg.slot = s.slot;
-            if (nf_ioctl(fd_, KREG_NF_IOC_UNREGISTER, &unreg) != 0) {
-                ucs_warn("kreg: unregistering slot %u (0x%lx..0x%lx) failed: %m",
-                         s.slot, r.first, r.second);
-            }
-            live_[s.slot] = page_range{0, 0};
-            --live_count_;
+            unregister_slot(s.slot);
             return true;
         }
         return false;
@@ -429,6 +542,7 @@ private:
     uint64_t                 retain_seq_ = 0;
 
     std::atomic<uint32_t>    reading_{0}, read_seq_{0};
+    std::atomic<int>         warned_{0}; /* limits already named: 1 ENOSPC, 2 EDQUOT, 4 EMLINK */
     std::atomic<uint64_t>    notified_{0};
 };
 
