@@ -3,6 +3,7 @@
  *   build/bench/kreg_bench                 # 7 runs, ~60 ms per measurement
  *   build/bench/kreg_bench --reps 5 --ms 100
  *   build/bench/kreg_bench --quick         # seconds; for a smoke test
+ *   build/bench/kreg_bench --busy [...]    # P2-P4 idle and with every CPU busy
  *
  * Every configuration runs in its own child process (hooks and UCX's
  * external-event declaration are process-global): "no_ucx" never calls into
@@ -32,12 +33,21 @@
  * moves by up to 1.7x between processes); its raw line gives the ns and
  * their ratio too.
  *
+ * --busy (busy_load.h): as mpirun places ranks, the measured process is
+ * bound to the first CPU it may use (a rank, which keeps that CPU busy
+ * itself) and each other CPU runs a busy-polling process; every run
+ * measures P2, P3 and P4 once idle (the same binding, no pollers) and once
+ * busy, which goes first alternating, and each figure is printed as
+ *   P2 hit_64k.default/hooks idle RATIO busy RATIO
+ * with the load in the first line and the pollers' CPU share after it.
+ *
  * See bench/README.md for what each figure measures. Nothing is asserted:
  * the exit code is non-zero only if a child failed or a check inside a
  * measurement (a hit that missed, a stale region) went wrong. */
 #include "kreg_bench.h"
 
 #include "bench_util.h"
+#include "busy_load.h"
 
 #include <map>
 
@@ -66,54 +76,90 @@ std::string loadavg()
     return s;
 }
 
-int parent(int reps)
+/* One figure: the value compared (key of cfg against base_key of
+ * base_cfg). P2's is in reference-loop units (a hit is pure CPU,
+ * bench_util.h "the speed state"), its raw line also gives the ratio of the
+ * ns (ns_key). */
+struct figure {
+    std::string num, key, cfg, base_cfg, base_key, label, ns_key;
+};
+
+/* A figure over the runs of one load. */
+struct summary {
+    bool   ok = false;
+    size_t n  = 0;
+    double ratio = 0, lo = 0, hi = 0; /* median and range of the ratio   */
+    double a = 0, b = 0, ns_ratio = 0; /* medians of the ns, of their ratio */
+    double ref_a = 0, ref_b = 0;       /* the reference loop, ns an iteration */
+};
+
+bool value(const run_timings &r, const std::string &cfg, const std::string &key, double *v)
 {
-    /* "uffd" beside "default" only where the default is the notifier */
-    const bool notifier = access("/dev/kreg_notifier", R_OK | W_OK) == 0;
-    std::vector<std::string> cfgs = {"no_ucx", "default", "hooks", "plain"};
-    if (notifier) {
-        cfgs.push_back("uffd");
+    auto c = r.find(cfg);
+    if (c == r.end()) {
+        return false;
     }
-    std::vector<run_timings> runs;
-    std::string backend_line;
-    int rc = 0;
-    const uint64_t t0 = now_ns();
-    printf("# kreg_bench: %d runs, %.0f ms per measurement, median of %d per child; "
-           "loadavg %s\n", reps, g_target_ms, g_inner, loadavg().c_str());
-    for (int rep = 0; rep < reps; ++rep) {
-        run_timings run;
-        for (size_t i = 0; i < cfgs.size(); ++i) {
-            const std::string &cfg = cfgs[(i + rep) % cfgs.size()];
-            std::vector<std::string> args = {"--child", cfg, "--ms",
-                                             std::to_string(g_target_ms), "--inner",
-                                             std::to_string(g_inner)};
-            child_result res = run_self(args, env_for(cfg));
-            read_child_results(res.output, cfg, &backend_line,
-                               [&](const char *key, double v) { run[cfg][key] = v; });
-            if (res.status != 0) {
-                fprintf(stderr, "bench: child %s exited with %d\n", cfg.c_str(),
-                        res.status);
-                rc = 1;
+    auto k = c->second.find(key);
+    if (k == c->second.end()) {
+        return false;
+    }
+    *v = k->second;
+    return true;
+}
+
+summary summarize(const figure &f, const std::vector<run_timings> &runs)
+{
+    const std::string ns_key      = f.ns_key.empty() ? f.key : f.ns_key;
+    const std::string base_ns_key = f.ns_key.empty() ? f.base_key : f.ns_key;
+    std::vector<double> ratios, a, b, ns_ratios, ra, rb;
+    for (const run_timings &r : runs) {
+        double x = 0, y = 0, xn = 0, yn = 0;
+        if (value(r, f.cfg, f.key, &x) && value(r, f.base_cfg, f.base_key, &y) && y > 0 &&
+            value(r, f.cfg, ns_key, &xn) && value(r, f.base_cfg, base_ns_key, &yn) &&
+            yn > 0) {
+            ratios.push_back(x / y);
+            a.push_back(xn);
+            b.push_back(yn);
+            ns_ratios.push_back(xn / yn);
+        }
+        if (!f.ns_key.empty()) {
+            if (value(r, f.cfg, f.ns_key + ".ref_ns", &x)) {
+                ra.push_back(x);
+            }
+            if (value(r, f.base_cfg, f.ns_key + ".ref_ns", &x)) {
+                rb.push_back(x);
             }
         }
-        runs.push_back(run);
     }
-    if (!backend_line.empty()) {
-        printf("%s\n", backend_line.c_str());
+    summary s;
+    if (ratios.empty()) {
+        return s;
     }
+    const auto mm = std::minmax_element(ratios.begin(), ratios.end());
+    s.ok       = true;
+    s.n        = ratios.size();
+    s.ratio    = median(ratios);
+    s.lo       = *mm.first;
+    s.hi       = *mm.second;
+    s.a        = median(a);
+    s.b        = median(b);
+    s.ns_ratio = median(ns_ratios);
+    s.ref_a    = median(ra);
+    s.ref_b    = median(rb);
+    return s;
+}
 
-    /* key: the value compared; P2's is in reference-loop units (a hit is
-     * pure CPU, bench_util.h "the speed state"), its raw line also gives
-     * the ratio of the ns */
-    struct figure {
-        std::string num, key, cfg, base_cfg, base_key, label, ns_key;
-    };
+std::vector<figure> figures(const std::vector<std::string> &cfgs, bool with_p1)
+{
     std::vector<figure> figs;
-    for (const char *w : {"malloc_free_300k", "malloc_touch_free_300k", "mmap_munmap_4k",
-                          "mmap_munmap_1m"}) {
-        for (const char *cfg : {"default", "hooks"}) {
-            figs.push_back({"P1", std::string("P1.") + w, cfg, "no_ucx",
-                            std::string("P1.") + w, std::string(w) + "." + cfg + "/no_ucx"});
+    if (with_p1) {
+        for (const char *w : {"malloc_free_300k", "malloc_touch_free_300k",
+                              "mmap_munmap_4k", "mmap_munmap_1m"}) {
+            for (const char *cfg : {"default", "hooks"}) {
+                figs.push_back({"P1", std::string("P1.") + w, cfg, "no_ucx",
+                                std::string("P1.") + w,
+                                std::string(w) + "." + cfg + "/no_ucx"});
+            }
         }
     }
     for (const char *size : {"64k", "1m"}) {
@@ -129,83 +175,116 @@ int parent(int reps)
         if ((cfg == "default") || (cfg == "uffd")) {
             for (const char *k : {"munmap_1m", "munmap_1m_to_rcache"}) {
                 figs.push_back({"P3", std::string("P3.") + k, cfg, "hooks",
-                                std::string("P3.") + k, std::string(k) + "." + cfg + "/hooks"});
+                                std::string("P3.") + k,
+                                std::string(k) + "." + cfg + "/hooks"});
             }
             figs.push_back({"P4", "P4.miss_64k_watch", cfg, cfg, "P4.miss_64k_nowatch",
                             "miss_64k." + cfg + "/nowatch"});
         }
     }
-    auto value = [](const run_timings &r, const std::string &cfg, const std::string &key,
-                    double *v) {
-        auto c = r.find(cfg);
-        if (c == r.end()) {
-            return false;
+    return figs;
+}
+
+/* median (and range) over the runs of one key of one configuration */
+bool per_config(const std::vector<run_timings> &runs, const std::string &cfg,
+                const std::string &key, double *med, double *lo, double *hi,
+                size_t *n = nullptr)
+{
+    std::vector<double> v;
+    for (const run_timings &r : runs) {
+        double x = 0;
+        if (value(r, cfg, key, &x)) {
+            v.push_back(x);
         }
-        auto k = c->second.find(key);
-        if (k == c->second.end()) {
-            return false;
+    }
+    if (v.empty()) {
+        return false;
+    }
+    const auto mm = std::minmax_element(v.begin(), v.end());
+    *med = median(v);
+    *lo  = *mm.first;
+    *hi  = *mm.second;
+    if (n != nullptr) {
+        *n = v.size();
+    }
+    return true;
+}
+
+/* Every configuration once, in an order that rotates with rep. */
+run_timings run_configs(const std::vector<std::string> &cfgs, int rep, bool p2p4_only,
+                        std::string *backend_line, int *rc)
+{
+    run_timings run;
+    for (size_t i = 0; i < cfgs.size(); ++i) {
+        const std::string &cfg = cfgs[(i + rep) % cfgs.size()];
+        std::vector<std::string> args = {"--child", cfg, "--ms",
+                                         std::to_string(g_target_ms), "--inner",
+                                         std::to_string(g_inner)};
+        if (p2p4_only) {
+            args.push_back("--p2p4");
         }
-        *v = k->second;
-        return true;
-    };
-    for (const figure &f : figs) {
-        const std::string ns_key = f.ns_key.empty() ? f.key : f.ns_key;
-        const std::string base_ns_key = f.ns_key.empty() ? f.base_key : f.ns_key;
-        std::vector<double> ratios, a, b, ns_ratios;
-        for (const run_timings &r : runs) {
-            double x = 0, y = 0, xn = 0, yn = 0;
-            if (value(r, f.cfg, f.key, &x) && value(r, f.base_cfg, f.base_key, &y) &&
-                y > 0 && value(r, f.cfg, ns_key, &xn) &&
-                value(r, f.base_cfg, base_ns_key, &yn) && yn > 0) {
-                ratios.push_back(x / y);
-                a.push_back(xn);
-                b.push_back(yn);
-                ns_ratios.push_back(xn / yn);
-            }
+        child_result res = run_self(args, env_for(cfg));
+        read_child_results(res.output, cfg, backend_line,
+                           [&](const char *key, double v) { run[cfg][key] = v; });
+        if (res.status != 0) {
+            fprintf(stderr, "bench: child %s exited with %d\n", cfg.c_str(), res.status);
+            *rc = 1;
         }
-        if (ratios.empty()) {
+    }
+    return run;
+}
+
+/* "uffd" beside "default" only where the default is the notifier */
+bool notifier_is_default()
+{
+    return access("/dev/kreg_notifier", R_OK | W_OK) == 0;
+}
+
+int parent(int reps)
+{
+    std::vector<std::string> cfgs = {"no_ucx", "default", "hooks", "plain"};
+    if (notifier_is_default()) {
+        cfgs.push_back("uffd");
+    }
+    std::vector<run_timings> runs;
+    std::string backend_line;
+    int rc = 0;
+    const uint64_t t0 = now_ns();
+    printf("# kreg_bench: %d runs, %.0f ms per measurement, median of %d per child; "
+           "loadavg %s\n", reps, g_target_ms, g_inner, loadavg().c_str());
+    for (int rep = 0; rep < reps; ++rep) {
+        runs.push_back(run_configs(cfgs, rep, false, &backend_line, &rc));
+    }
+    if (!backend_line.empty()) {
+        printf("%s\n", backend_line.c_str());
+    }
+
+    for (const figure &f : figures(cfgs, true)) {
+        const summary s = summarize(f, runs);
+        if (!s.ok) {
             printf("%s %s n/a\n", f.num.c_str(), f.label.c_str());
             rc = 1;
             continue;
         }
-        const auto mm = std::minmax_element(ratios.begin(), ratios.end());
-        printf("%s %s %.2f\n", f.num.c_str(), f.label.c_str(), median(ratios));
+        printf("%s %s %.2f\n", f.num.c_str(), f.label.c_str(), s.ratio);
         printf("# raw %s: %.1f ns vs %.1f ns (medians); ratio over %zu runs %.2f..%.2f",
-               f.label.c_str(), median(a), median(b), ratios.size(), *mm.first,
-               *mm.second);
+               f.label.c_str(), s.a, s.b, s.n, s.lo, s.hi);
         if (!f.ns_key.empty()) {
             /* the loop's own speed per configuration: were the library to
              * slow the CPU down (a busy thread), it would show here */
-            std::vector<double> ra, rb;
-            for (const run_timings &r : runs) {
-                double x = 0;
-                if (value(r, f.cfg, f.ns_key + ".ref_ns", &x)) {
-                    ra.push_back(x);
-                }
-                if (value(r, f.base_cfg, f.ns_key + ".ref_ns", &x)) {
-                    rb.push_back(x);
-                }
-            }
             printf("; in reference-loop units (the figure), the ratio of ns %.2f; "
-                   "the loop %.2f vs %.2f ns an iteration", median(ns_ratios),
-                   median(ra), median(rb));
+                   "the loop %.2f vs %.2f ns an iteration", s.ns_ratio, s.ref_a, s.ref_b);
         }
         printf("\n");
     }
     /* the check's cost inside one process (kreg_bench_measure.cc) */
     for (const char *key : {"P2.hit_64k", "P2.hit_1m"}) {
         for (const std::string &cfg : cfgs) {
-            std::vector<double> v;
-            for (const run_timings &r : runs) {
-                double x = 0;
-                if (value(r, cfg, std::string(key) + ".inproc", &x)) {
-                    v.push_back(x);
-                }
-            }
-            if (!v.empty()) {
-                const auto mm = std::minmax_element(v.begin(), v.end());
+            double med, lo, hi;
+            size_t n;
+            if (per_config(runs, cfg, std::string(key) + ".inproc", &med, &lo, &hi, &n)) {
                 printf("# in-process %s.%s/ucs_rcache_get %.2f (over %zu runs %.2f..%.2f)\n",
-                       key + 3, cfg.c_str(), median(v), v.size(), *mm.first, *mm.second);
+                       key + 3, cfg.c_str(), med, n, lo, hi);
             }
         }
     }
@@ -213,15 +292,120 @@ int parent(int reps)
     for (const char *key : {"P2.hit_64k", "P2.hit_1m"}) {
         printf("# raw %s ns per hit:", key + 3);
         for (const std::string &cfg : cfgs) {
-            std::vector<double> v;
-            for (const run_timings &r : runs) {
-                double x = 0;
-                if (value(r, cfg, key, &x)) {
-                    v.push_back(x);
+            double med, lo, hi;
+            if (per_config(runs, cfg, key, &med, &lo, &hi)) {
+                printf(" %s=%.1f", cfg.c_str(), med);
+            }
+        }
+        printf("\n");
+    }
+    printf("# %.1f s, loadavg %s\n", (now_ns() - t0) / 1e9, loadavg().c_str());
+    return rc;
+}
+
+/* --busy: P2, P3 and P4 with the node idle and with every CPU busy
+ * (busy_load.h), the two loads in turn within each run (which goes first
+ * alternates), each figure printed for both. */
+int parent_busy(int reps)
+{
+    busy_load load;
+    if (!load.bind_rank()) {
+        fprintf(stderr, "bench: cannot bind to a CPU: %s\n", strerror(errno));
+        return 2;
+    }
+    std::vector<std::string> cfgs = {"default", "hooks"};
+    if (notifier_is_default()) {
+        cfgs.push_back("uffd");
+    }
+    std::vector<run_timings> idle, busy;
+    std::string backend_line;
+    int rc = 0;
+    double busy_wall = 0, busy_cpu = 0;
+    const uint64_t t0 = now_ns();
+    printf("# kreg_bench --busy: %s; idle: the same binding, nothing else started; "
+           "%d runs, %.0f ms per measurement, median of %d per child; loadavg %s\n",
+           load.describe().c_str(), reps, g_target_ms, g_inner, loadavg().c_str());
+    fflush(stdout);
+    for (int rep = 0; rep < reps; ++rep) {
+        for (int phase = 0; phase < 2; ++phase) {
+            const bool loaded = (phase + rep) % 2 == 1;
+            if (!loaded) {
+                idle.push_back(run_configs(cfgs, rep, true, &backend_line, &rc));
+                continue;
+            }
+            if (!load.start()) {
+                fprintf(stderr, "bench: cannot start the pollers: %s\n", strerror(errno));
+                return 2;
+            }
+            const uint64_t b0 = now_ns();
+            busy.push_back(run_configs(cfgs, rep, true, &backend_line, &rc));
+            busy_wall += (now_ns() - b0) / 1e9;
+            busy_cpu += busy_load::cpu_seconds();
+            busy_load::stop();
+        }
+    }
+    if (!backend_line.empty()) {
+        printf("%s\n", backend_line.c_str());
+    }
+    /* the load as it was: each poller's CPU time over the busy phases */
+    if (load.pollers() > 0) {
+        printf("# pollers: %.0f%% of a CPU each over the busy phases (%.1f s)\n",
+               100.0 * busy_cpu / (busy_wall * static_cast<double>(load.pollers())),
+               busy_wall);
+    }
+    for (const figure &f : figures(cfgs, false)) {
+        const summary si = summarize(f, idle), sb = summarize(f, busy);
+        if (!si.ok || !sb.ok) {
+            printf("%s %s n/a\n", f.num.c_str(), f.label.c_str());
+            rc = 1;
+            continue;
+        }
+        printf("%s %s idle %.2f busy %.2f\n", f.num.c_str(), f.label.c_str(), si.ratio,
+               sb.ratio);
+        printf("# raw %s: idle %.1f vs %.1f ns (ratio over %zu runs %.2f..%.2f), "
+               "busy %.1f vs %.1f ns (%.2f..%.2f)", f.label.c_str(), si.a, si.b, si.n,
+               si.lo, si.hi, sb.a, sb.b, sb.lo, sb.hi);
+        if (!f.ns_key.empty()) {
+            printf("; ratio of ns idle %.2f busy %.2f; the loop idle %.2f vs %.2f, "
+                   "busy %.2f vs %.2f ns an iteration", si.ns_ratio, sb.ns_ratio,
+                   si.ref_a, si.ref_b, sb.ref_a, sb.ref_b);
+        }
+        printf("\n");
+    }
+    for (const char *key : {"P2.hit_64k", "P2.hit_1m"}) {
+        for (const std::string &cfg : cfgs) {
+            double mi, li, hi, mb, lb, hb;
+            if (per_config(idle, cfg, std::string(key) + ".inproc", &mi, &li, &hi) &&
+                per_config(busy, cfg, std::string(key) + ".inproc", &mb, &lb, &hb)) {
+                printf("# in-process %s.%s/ucs_rcache_get idle %.2f (%.2f..%.2f) busy %.2f "
+                       "(%.2f..%.2f)\n", key + 3, cfg.c_str(), mi, li, hi, mb, lb, hb);
+            }
+        }
+    }
+    for (const char *key : {"P2.hit_64k", "P2.hit_1m"}) {
+        for (int loaded = 0; loaded < 2; ++loaded) {
+            printf("# raw %s ns per hit, %s:", key + 3, loaded ? "busy" : "idle");
+            for (const std::string &cfg : cfgs) {
+                double med, lo, hi;
+                if (per_config(loaded ? busy : idle, cfg, key, &med, &lo, &hi)) {
+                    printf(" %s=%.1f", cfg.c_str(), med);
                 }
             }
-            if (!v.empty()) {
-                printf(" %s=%.1f", cfg.c_str(), median(v));
+            printf("\n");
+        }
+    }
+    /* a hit waits for the library's threads only when an event is on its
+     * way: in a loop of hits there is none */
+    for (const char *key : {"P2.hit_64k", "P2.hit_1m"}) {
+        printf("# hits that waited for the library's threads (median, most of a run):");
+        for (int loaded = 0; loaded < 2; ++loaded) {
+            for (const std::string &cfg : cfgs) {
+                double med, lo, hi;
+                if (per_config(loaded ? busy : idle, cfg, std::string(key) + ".waits", &med,
+                               &lo, &hi) && is_kernel_config(cfg)) {
+                    printf(" %s.%s.%s=%.0f,%.0f", loaded ? "busy" : "idle", key + 3,
+                           cfg.c_str(), med, hi);
+                }
             }
         }
         printf("\n");
@@ -235,7 +419,8 @@ int parent(int reps)
 int main(int argc, char **argv)
 {
     std::string cfg;
-    int reps = 7;
+    int reps  = 7;
+    bool busy = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--child" && i + 1 < argc) {
@@ -246,18 +431,22 @@ int main(int argc, char **argv)
             g_target_ms = std::max(1.0, atof(argv[++i]));
         } else if (a == "--inner" && i + 1 < argc) {
             g_inner = std::max(1, atoi(argv[++i]));
+        } else if (a == "--p2p4") {
+            g_p2p4_only = true;
+        } else if (a == "--busy") {
+            busy = true;
         } else if (a == "--quick") {
             reps        = 2;
             g_target_ms = 5;
             g_inner     = 1;
         } else {
             fprintf(stderr,
-                    "usage: %s [--reps N] [--ms MS] [--inner K] [--quick]\n", argv[0]);
+                    "usage: %s [--busy] [--reps N] [--ms MS] [--inner K] [--quick]\n", argv[0]);
             return 2;
         }
     }
     if (!cfg.empty()) {
         return child(cfg);
     }
-    return parent(reps);
+    return busy ? parent_busy(reps) : parent(reps);
 }

@@ -11,6 +11,7 @@ namespace bench {
 
 double g_target_ms = 60; /* wall time of one measurement */
 int    g_inner     = 3;  /* measurements per child, median printed */
+bool   g_p2p4_only = false;
 
 namespace {
 
@@ -136,7 +137,15 @@ void measure_hits(bench_cache *c)
             }
             return now_ns() - t0;
         };
+        kreg_stats_t before{}, after{};
+        kreg_get_stats(&before);
         const batch_times t = per_op_in_ref(hits);
+        kreg_get_stats(&after);
+        /* how often a hit waited for the library's threads (an event in
+         * flight, or read and not yet dispatched): with no event there is
+         * nothing to wait for */
+        result(key + ".waits", static_cast<double>(after.inflight_waits - before.inflight_waits +
+                                                   after.sync_waits - before.sync_waits));
         result(key, t.ns);
         result(key + ".ref", t.in_ref);
         result(key + ".ref_ns", t.ref_ns);
@@ -363,7 +372,7 @@ int child(const std::string &config)
         return 3;
     }
     const bool full = (config == "hooks") || (config == "default") || (config == "uffd");
-    if ((config == "hooks") || (config == "default")) {
+    if (((config == "hooks") || (config == "default")) && !g_p2p4_only) {
         measure_unregistered();
     }
     measure_hits(&c);
