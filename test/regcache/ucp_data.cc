@@ -44,7 +44,9 @@
  *    -1; changed: registrations the library refused in them because the
  *    kernel changed the pages while they were pinned, each after its
  *    tries, with the component, else -1; dontfork: rounds whose buffer's
- *    VMA was MADV_DONTFORK right after its send, from /proc/self/smaps.)
+ *    VMA was MADV_DONTFORK right after its send, from /proc/self/smaps;
+ *    fork: ibv_is_fork_initialized(), unneeded where the kernel copies
+ *    pinned pages at fork.)
  *    --fork-init: call ibv_fork_init() before ucp_init, as another library
  *    in the process may (rdma-core's fork protection on, whatever
  *    UCX_IB_FORK_INIT says).
@@ -502,6 +504,22 @@ bool rdma_fork_init()
     return ret == 0;
 }
 
+/* rdma-core's fork protection as ibv_is_fork_initialized() reports it
+ * (after ucp_init: UCX has loaded libibverbs and run ibv_fork_init or not) */
+const char *rdma_fork_state()
+{
+    void *lib = dlopen("libibverbs.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    auto fn = lib ? reinterpret_cast<int (*)(void)>(
+                        dlsym(lib, "ibv_is_fork_initialized"))
+                  : nullptr;
+    switch (fn ? fn() : -1) {
+    case 0:  return "disabled";
+    case 1:  return "enabled";
+    case 2:  return "unneeded"; /* the kernel copies pinned pages at fork */
+    default: return "unknown";
+    }
+}
+
 /* Whether UCT lists a component of that name (after ucp_init: the modules
  * UCX loaded are registered then). */
 bool uct_component_registered(const char *name)
@@ -815,11 +833,11 @@ int main(int argc, char **argv)
         std::printf("CHURN alloc=%s size=%zu rounds=%d us_round=%.2f "
                     "us_send=%.2f med_round=%.2f med_send=%.2f us_alloc=%.2f "
                     "us_free=%.2f stale=%d wrong=%d failed=%d same_address=%d "
-                    "regs=%ld changed=%ld dontfork=%d\n",
+                    "regs=%ld changed=%ld dontfork=%d fork=%s\n",
                     alloc.c_str(), size, r.rounds, r.us_total / n,
                     r.us_send / n, med_round, med_send, r.us_alloc / n,
                     r.us_free / n, r.stale, r.wrong, r.failed, r.same_address,
-                    r.regs, r.changed, r.dontfork);
+                    r.regs, r.changed, r.dontfork, rdma_fork_state());
         check((r.failed == 0) && (r.rounds == churn), "churn rounds ran");
         if (component != nullptr) {
             check((r.stale == 0) && (r.wrong == 0),
