@@ -1,4 +1,4 @@
-/* The userfaultfd descriptor (see uffd.h). Just over 350 lines: one
+/* The userfaultfd descriptor (see uffd.h). About 400 lines: one
  * class, its opening and its kernel checks. */
 #include "uffd.h"
 #include "page.h"
@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -62,6 +63,17 @@ int api_handshake(int fd, uint64_t want, uint64_t *kernel_features)
         *kernel_features = api.features;
     }
     return 0;
+}
+
+/* UFFDIO_CONTINUE of [start, start+len): 0 or the errno (uffd.h,
+ * quick_check) */
+int continue_errno(int fd, uintptr_t start, size_t len)
+{
+    struct uffdio_continue c = {};
+    c.range.start = start;
+    c.range.len   = len;
+    c.mode        = UFFDIO_CONTINUE_MODE_DONTWAKE;
+    return (ioctl(fd, UFFDIO_CONTINUE, &c) == 0) ? 0 : errno;
 }
 
 } // namespace
@@ -181,7 +193,34 @@ bool uffd::open(const uffd_options &opts)
     scan_works_     = true;
     via_device_     = dev;
     user_mode_only_ = (flags & UFFD_USER_MODE_ONLY) != 0;
+    quick_ok_       = probe_quick_check();
     return true;
+}
+
+bool uffd::probe_quick_check() const
+{
+    /* Two private anonymous pages, the first watched: the kernel must say
+     * EINVAL for it, ENOENT for the second and for both (two mappings).
+     * Unwatched again before the unmap, which then raises no event (there
+     * is no reader yet). */
+    const size_t page = page_size();
+    void *mem = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+        return false;
+    }
+    const auto base = reinterpret_cast<uintptr_t>(mem);
+    bool ok = false;
+    if (watch(base, page) == 0) {
+        ok = (continue_errno(fd_, base, page) == EINVAL) &&
+             (continue_errno(fd_, base + page, page) == ENOENT) &&
+             (continue_errno(fd_, base, 2 * page) == ENOENT);
+        if (unwatch(base, page) != 0) {
+            ok = false;
+        }
+    }
+    munmap(mem, 2 * page);
+    return ok;
 }
 
 void uffd::release_kernel_side()
@@ -215,8 +254,9 @@ int uffd::forget()
         ::close(pagemap_fd_);
         pagemap_fd_ = -1;
     }
-    scan_ok_ = false;
-    int fd   = fd_;
+    scan_ok_  = false;
+    quick_ok_ = false;
+    int fd    = fd_;
     fd_      = -1;
     return fd;
 }
@@ -325,6 +365,15 @@ check_result uffd::check(uintptr_t start, size_t len) const
     size_t half = (len / 2 + page_size() - 1) & ~(page_size() - 1);
     c = check(start, half);
     return (c == check_result::watched) ? check(start + half, len - half) : c;
+}
+
+quick_result uffd::quick_check(uintptr_t start, size_t len) const
+{
+    switch (continue_errno(fd_, start, len)) {
+    case EINVAL: return quick_result::watched;
+    case EAGAIN: return quick_result::in_flight;
+    default:     return quick_result::ask;
+    }
 }
 
 bool uffd::has_page_cache_pages(uintptr_t start, size_t len) const

@@ -25,6 +25,16 @@ enum class check_result {
                   its way: ask again once it has been read                 */
 };
 
+/* What one system call says of a range at a hit (uffd::quick_check). */
+enum class quick_result {
+    watched,   /* one mapping registered with a userfaultfd holds the whole
+                  range, and no event is in flight                         */
+    in_flight, /* as check_result::in_flight                               */
+    ask        /* anything else: a hole, several mappings, a new mapping,
+                  a mapping whose first page is present (shared memory,
+                  hugetlbfs): ask check()                                  */
+};
+
 class uffd {
 public:
     uffd() = default;
@@ -61,6 +71,16 @@ public:
      * (6.7+, WP_ASYNC), else UFFDIO_WRITEPROTECT, which walks the pages
      * and also reports in_flight. */
     check_result check(uintptr_t start, size_t len) const;
+    /* A hit's check in one system call where the kernel answers as open()
+     * found it does (quick_checks()): UFFDIO_CONTINUE, which looks at
+     * mmap_changing first (in_flight), then for one mapping that holds
+     * the range and is registered with a userfaultfd (else ENOENT); on a
+     * private anonymous mapping it stops there with EINVAL (watched),
+     * having changed nothing. On shared memory and hugetlbfs it would map
+     * page-cache pages that are not mapped yet, as a read fault would;
+     * where the range's first page is present it stops at once (EEXIST). */
+    quick_result quick_check(uintptr_t start, size_t len) const;
+    bool quick_checks() const { return quick_ok_; }
     /* Whether any present page of the range is a page-cache page (file or
      * shared memory), by /proc/self/pagemap. */
     bool has_page_cache_pages(uintptr_t start, size_t len) const;
@@ -82,6 +102,9 @@ private:
     check_result wp_check(uintptr_t start, size_t len) const;
     /* 1 watched, 0 not, -1 the kernel has no PAGEMAP_SCAN */
     int scan_check(uintptr_t start, size_t len) const;
+    /* Whether UFFDIO_CONTINUE answers as quick_check() reads it, tried on
+     * a mapping of our own. */
+    bool probe_quick_check() const;
 
     int         fd_         = -1;
     int         pagemap_fd_ = -1;
@@ -90,6 +113,7 @@ private:
     bool        user_mode_only_ = false;
     bool        try_device_ = true;
     bool        scan_ok_    = false;
+    bool        quick_ok_   = false;
     mutable std::atomic<bool> scan_works_{true};
     kreg_reason_t reason_ = KREG_REASON_NONE;
     std::string error_;

@@ -3,7 +3,9 @@
  *
  * A watch has no counter of its own (it points at the generation word):
  * the lookup's kernel check in prepare_lookup() is what keeps hits exact.
- * In verify mode that check is
+ * In verify mode that check is, where one system call cannot answer it
+ * (uffd::quick_check: a hit on one private anonymous mapping, no event
+ * in flight; then only step 2 remains)
  *  1. wait while an event is in flight (the cross-thread window: another
  *     thread's munmap has changed the range but its event is not queued
  *     yet; the kernel shows it through mmap_changing, uffd::event_in_flight),
@@ -95,7 +97,10 @@ public:
                   "%lu watched ranges", uffd_.via_device() ? " (/dev/userfaultfd)" : "",
                   static_cast<unsigned long>(uffd_.features()),
                   uffd_.wp_async() ? " (WP_ASYNC)" : "",
-                  uffd_.scans() ? "PAGEMAP_SCAN" : "UFFDIO_WRITEPROTECT",
+                  uffd_.quick_checks() ?
+                          (uffd_.scans() ? "UFFDIO_CONTINUE, else PAGEMAP_SCAN" :
+                                           "UFFDIO_CONTINUE, else UFFDIO_WRITEPROTECT") :
+                          (uffd_.scans() ? "PAGEMAP_SCAN" : "UFFDIO_WRITEPROTECT"),
                   max_ranges_);
         return true;
     }
@@ -218,9 +223,26 @@ public:
             monitor_->wait_read_events();
             return 1;
         }
+        verify_calls_.fetch_add(1, std::memory_order_relaxed);
+        if (uffd_.quick_checks()) {
+            /* The hit in one system call: no event in flight and the range
+             * in one watched mapping (a mapping moved there is in flight
+             * until read); then, as below, whatever was read is applied
+             * before the lookup. Else the whole check. */
+            const uint32_t seen = monitor_->read_seq();
+            switch (uffd_.quick_check(start, end - start)) {
+            case quick_result::watched:
+                monitor_->wait_read_events();
+                return 1;
+            case quick_result::in_flight:
+                wait_for_reader(seen);
+                break;
+            case quick_result::ask:
+                break;
+            }
+        }
         wait_no_event_in_flight();
         monitor_->wait_read_events();
-        verify_calls_.fetch_add(1, std::memory_order_relaxed);
         check_result c;
         for (;;) {
             const uint32_t seen = monitor_->read_seq();
