@@ -234,6 +234,7 @@ ucs_status_t token_cache::mem_reg(void *ctx, ucs_rcache_t *, void *arg,
 
 void token_cache::mem_dereg(void *ctx, ucs_rcache_t *, ucs_rcache_region_t *r)
 {
+    ++static_cast<token_cache *>(ctx)->deregs_;
     if (static_cast<token_cache *>(ctx)->watched_) {
         kreg_unwatch(&reinterpret_cast<token_region *>(r)->watch);
     }
@@ -276,6 +277,22 @@ token_cache::lookup_result token_cache::lookup(void *addr, size_t len)
     }
     ucs_rcache_region_put(rcache_, r);
     return hit;
+}
+
+ucs_rcache_region_t *token_cache::hold(void *addr, size_t len)
+{
+    ucs_rcache_region_t *r = nullptr;
+    if ((rcache_ == nullptr) ||
+        (kreg_rcache_get(rcache_, addr, len, PROT_READ, addr,
+                         offsetof(token_region, watch), &r) != UCS_OK)) {
+        return nullptr;
+    }
+    return r;
+}
+
+void token_cache::release(ucs_rcache_region_t *r)
+{
+    ucs_rcache_region_put(rcache_, r);
 }
 
 } // namespace kreg_test

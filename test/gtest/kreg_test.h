@@ -169,9 +169,16 @@ public:
     };
     lookup_result lookup(void *addr, size_t len);
 
+    /* A lookup that keeps its reference, as a transport holds a memory
+     * handle until its operation completes (nullptr: no cached entry);
+     * release() drops it. */
+    ucs_rcache_region_t *hold(void *addr, size_t len);
+    void release(ucs_rcache_region_t *r);
+
     bool created() const { return rcache_ != nullptr; }
     uint64_t registrations() const { return regs_; }
     uint64_t uncached() const { return uncached_; }
+    uint64_t deregistrations() const { return deregs_; }
 
 private:
     struct token_region {
@@ -188,7 +195,7 @@ private:
 
     ucs_rcache_t            *rcache_ = nullptr;
     bool                     watched_;
-    std::atomic<uint64_t>    regs_{0}, uncached_{0};
+    std::atomic<uint64_t>    regs_{0}, uncached_{0}, deregs_{0};
 };
 
 } // namespace kreg_test

@@ -181,6 +181,46 @@ TEST_P(Rcache, UnrelatedUnmapsInFlightDoNotDropAnEntry)
     munmap(p, len);
 }
 
+/* An RDMA operation on a registration the cache let go of while the
+ * operation was in flight would complete with an error (WR_FLUSH_ERR) or
+ * reach other memory: an entry a transport holds stays registered until it
+ * is released, however it went stale meanwhile (unmapped, and the same
+ * address looked up again and registered anew), and is deregistered once
+ * released. */
+TEST_P(Rcache, AnEntryInUseIsDeregisteredOnlyOnceReleased)
+{
+    for (int attempt = 0;; ++attempt) {
+        ASSERT_LT(attempt, 20) << "the freed address was always taken first";
+        void *p = map_with_token(nullptr, len);
+        ASSERT_NE(nullptr, p);
+        ucs_rcache_region_t *held = cache_->hold(p, len);
+        ASSERT_NE(nullptr, held);
+        const uint64_t deregs = cache_->deregistrations();
+
+        ASSERT_EQ(0, syscall(SYS_munmap, p, len));
+        void *q = map_with_token(p, len, MAP_FIXED_NOREPLACE);
+        if (q != p) {
+            cache_->release(held);
+            if (q != nullptr) {
+                munmap(q, len);
+            }
+            continue;
+        }
+        /* the new mapping's lookup drops the stale entry from the cache */
+        auto c = cache_->lookup(q, len);
+        EXPECT_TRUE(c.cached);
+        EXPECT_FALSE(c.stale);
+        kreg_sync();
+        EXPECT_EQ(deregs, cache_->deregistrations())
+                << "deregistered while a transport still held it";
+        cache_->release(held);
+        EXPECT_EQ(deregs + 1, cache_->deregistrations())
+                << "not deregistered once released";
+        munmap(q, len);
+        break;
+    }
+}
+
 /* The exact configurations, and uffd's plain mode, whose same-thread
  * events are read before the changing call returns. The notifier's plain
  * mode compares nothing and its reader is asynchronous: not here. */
