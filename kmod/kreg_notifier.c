@@ -66,7 +66,7 @@
 #include "uapi/kreg_notifier.h"
 
 /* Upper bound of max_ranges: 8 MiB of counters per descriptor. */
-#define KREG_MAX_RANGES_LIMIT	(1U << 20)
+#define KREG_MAX_RANGES_LIMIT	1048576
 /* Per-slot state is allocated in chunks of this many slots (4 KiB each). */
 #define KREG_CHUNK_SLOTS	128
 #define KREG_PAGE_SLOTS		(PAGE_SIZE / sizeof(u64))
@@ -309,8 +309,10 @@ static void kreg_uncharge_mem(struct kreg_ctx *ctx, size_t bytes)
 	atomic_long_sub(bytes, &kreg_nr_bytes);
 }
 
-/* One more range: -EDQUOT past max_ranges_per_user, -ENOSPC past
- * max_total_ranges. */
+/*
+ * One more range: -EDQUOT past max_ranges_per_user, -ENOSPC past
+ * max_total_ranges.
+ */
 static int kreg_charge_range(struct kreg_ctx *ctx)
 {
 	if (!kreg_add_below(&ctx->user->nr_ranges, 1,
@@ -340,6 +342,7 @@ static void kreg_uncharge_range(struct kreg_ctx *ctx)
 static struct page *kreg_counter_page(struct kreg_ctx *ctx, unsigned int idx,
 				      int *err)
 {
+	/* pairs with cmpxchg() below: a page seen is a zeroed page */
 	struct page *page = smp_load_acquire(&ctx->pages[idx]);
 	struct page *old;
 
@@ -765,7 +768,8 @@ static int kreg_mmap(struct file *file, struct vm_area_struct *vma)
 		return -EINVAL;
 	if (vma->vm_flags & VM_WRITE)
 		return -EACCES;
-#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 3, 0)
+/* vm_flags became read-only in 6.3 */
+#if KERNEL_VERSION(6, 3, 0) <= LINUX_VERSION_CODE
 	vm_flags_set(vma, VM_DONTCOPY | VM_DONTEXPAND | VM_DONTDUMP | VM_IO |
 		     VM_PFNMAP);
 	vm_flags_clear(vma, VM_MAYWRITE);
@@ -778,8 +782,10 @@ static int kreg_mmap(struct file *file, struct vm_area_struct *vma)
 	return 0;
 }
 
-/* The uid's entry with one more descriptor, or -EMFILE (max_files_per_user)
- * or -ENOMEM. */
+/*
+ * The uid's entry with one more descriptor, or -EMFILE (max_files_per_user)
+ * or -ENOMEM.
+ */
 static struct kreg_user *kreg_user_get(kuid_t uid, bool unlimited)
 {
 	struct kreg_user *u;
@@ -821,13 +827,14 @@ static void kreg_user_put(struct kreg_user *u)
 static void kreg_ctx_free(struct kreg_ctx *ctx)
 {
 	unsigned int i;
+	unsigned int nchunks = DIV_ROUND_UP(ctx->nslots, KREG_CHUNK_SLOTS);
 
-	if (ctx->chunks)
-		for (i = 0; i < DIV_ROUND_UP(ctx->nslots, KREG_CHUNK_SLOTS); i++)
-			if (ctx->chunks[i]) {
-				kfree(ctx->chunks[i]);
-				kreg_uncharge_mem(ctx, sizeof(struct kreg_chunk));
-			}
+	for (i = 0; ctx->chunks && i < nchunks; i++) {
+		if (!ctx->chunks[i])
+			continue;
+		kfree(ctx->chunks[i]);
+		kreg_uncharge_mem(ctx, sizeof(struct kreg_chunk));
+	}
 	kvfree(ctx->chunks);
 	kvfree(ctx->live);
 	kvfree(ctx->taken);

@@ -108,36 +108,46 @@
 struct kreg_nf_info {
 	__u32 abi_version;   /* KREG_NF_ABI_VERSION */
 	__u32 max_ranges;    /* slots of this descriptor: 0 .. max_ranges-1 */
-	__u64 counters_size; /* bytes to mmap at offset 0 (page multiple):
-				__u64 counters[max_ranges] */
+	/* bytes to mmap at offset 0 (page multiple): __u64 counters[max_ranges] */
+	__u64 counters_size;
 };
 
 /* KREG_NF_IOC_REGISTER (in/out) */
 struct kreg_nf_register {
-	__u64 start;   /* in: page aligned, start + len must not wrap and must
-			  lie below the top of user space */
+	/*
+	 * in: page aligned, start + len must not wrap and must lie below the
+	 * top of user space
+	 */
+	__u64 start;
 	__u64 len;     /* in: a non-zero multiple of the page size */
 	__u32 flags;   /* in: 0 */
 	__u32 slot;    /* out: index into the counter array */
-	__u64 counter; /* out: the slot's counter after registration, never 0;
-			  any later change of the range's pages moves it */
+	/*
+	 * out: the slot's counter after registration, never 0; any later
+	 * change of the range's pages moves it
+	 */
+	__u64 counter;
 };
 
-/* KREG_NF_IOC_UNREGISTER (in). Bumps the slot's counter before it removes
+/*
+ * KREG_NF_IOC_UNREGISTER (in). Bumps the slot's counter before it removes
  * the notifier (see the top), so no change is missed while it runs and an
- * old snapshot never matches a later user of the slot. */
+ * old snapshot never matches a later user of the slot.
+ */
 struct kreg_nf_unregister {
 	__u32 slot;
 	__u32 flags;   /* 0 */
 };
 
-/* read() returns whole records: ranges whose counter moved, each slot at
+/*
+ * read() returns whole records: ranges whose counter moved, each slot at
  * most once until it is read. A record's range is the one registered when
  * the change happened (the slot may have been unregistered since). A new
  * registration takes a slot whose record is unread only when no other slot
  * is free; a change of the new range then widens that record to cover both
  * ranges. A record is dequeued only once it was copied out: a read() that
- * fails with EFAULT loses none. */
+ * fails with EFAULT loses none.
+ */
 struct kreg_nf_event {
 	__u64 start;
 	__u64 end;     /* exclusive: start + len of the registration */
