@@ -50,7 +50,8 @@ bool page_range(const void *addr, size_t len, uintptr_t *start, uintptr_t *end)
 }
 
 /* One warning per reason, then debug lines: a file mapping refused on
- * every registration must not flood the log. */
+ * every registration must not flood the log. A limit is named by the
+ * backend that set it (the module's parameter and its value). */
 void log_refusal(kreg_reason_t why, uintptr_t start, uintptr_t end, int err)
 {
     counters().fallbacks[why].fetch_add(1, std::memory_order_relaxed);
@@ -64,8 +65,11 @@ void log_refusal(kreg_reason_t why, uintptr_t start, uintptr_t end, int err)
          * passing state of the machine, not a setting to fix: diag level. */
         const ucs_log_level_t level = (why == KREG_REASON_CHANGED) ?
                                       UCS_LOG_LEVEL_DIAG : UCS_LOG_LEVEL_WARN;
+        backend *b = (why == KREG_REASON_LIMIT) ? source_backend() : nullptr;
+        const std::string limit = b ? b->limit_text(err) : std::string();
         ucs_log(level, "kreg: cannot watch 0x%lx..0x%lx: %s (%s); registering "
-                "it uncached", start, end, kreg_reason_str(why),
+                "it uncached", start, end,
+                limit.empty() ? kreg_reason_str(why) : limit.c_str(),
                 err ? strerror(err) : "no error code");
     } else {
         ucs_debug("kreg: cannot watch 0x%lx..0x%lx: %s", start, end,

@@ -64,6 +64,14 @@ public:
 
     virtual void query(kreg_caps_t *caps) const = 0;
     virtual void add_stats(kreg_stats_t *stats) const = 0;
+    /* What a watch refused with KREG_REASON_LIMIT and errno err ran into,
+     * in words for the one warning ("the ... limit on ..."); empty: the
+     * reason's own words say it. */
+    virtual std::string limit_text(int err) const
+    {
+        (void)err;
+        return std::string();
+    }
 
 protected:
     explicit backend(bool checks_at_lookup) : checks_at_lookup_(checks_at_lookup) {}

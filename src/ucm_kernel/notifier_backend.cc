@@ -265,7 +265,6 @@ public:
                            evict_oldest_retained()) {
                     continue;
                 }
-                warn_limit_once(*err);
                 return reason_of(*err);
             }
             slot    = reg.slot;
@@ -357,6 +356,13 @@ public:
         retained_seq_.clear();
     }
 
+    std::string limit_text(int err) const override
+    {
+        const std::string limit = nf_limit(err, false);
+        return limit.empty() ? limit :
+               "the kreg_notifier module's limit on " + limit + " is reached";
+    }
+
     void query(kreg_caps_t *caps) const override
     {
         caps->max_ranges = max_ranges_;
@@ -419,19 +425,6 @@ private:
             reading_.store(0);
             reading_.notify_all();
         }
-    }
-
-    /* One warning per limit and process, the first time REGISTER meets it;
-     * the registration goes on uncached. */
-    void warn_limit_once(int err)
-    {
-        const int bit = (err == ENOSPC) ? 1 : (err == EDQUOT) ? 2 : (err == EMLINK) ? 4 : 0;
-        if ((bit == 0) || (warned_.fetch_or(bit) & bit)) {
-            return;
-        }
-        ucs_warn("kreg: REGISTER: %s: the kreg_notifier module's limit on %s "
-                 "is reached; such registrations are not cached", strerror(err),
-                 nf_limit(err, false).c_str());
     }
 
     /* UNREGISTERs the retained notifiers over [start, end); false if none.
@@ -542,7 +535,6 @@ private:
     uint64_t                 retain_seq_ = 0;
 
     std::atomic<uint32_t>    reading_{0}, read_seq_{0};
-    std::atomic<int>         warned_{0}; /* limits already named: 1 ENOSPC, 2 EDQUOT, 4 EMLINK */
     std::atomic<uint64_t>    notified_{0};
 };
 
