@@ -29,6 +29,7 @@
 #include <ucs/sys/sys.h>
 #include <ucs/vfs/base/vfs_obj.h>
 
+#include <pthread.h>
 #include <string.h>
 
 _Static_assert((UCP_API_MAJOR == 1) && (UCP_API_MINOR == 13),
@@ -73,8 +74,10 @@ static uct_component_md_open_func_t kreg_ucx_ib_md_open;
  * every watch in that block (__split_huge_pmd): neighbouring cached
  * registrations invalidate each other in turn. UCX 1.22 skips
  * ibv_fork_init() there (openucx/ucx#11573); so does this layer, by
- * opening UCX's md with FORK_INIT=n. UCX then installs its own warning at
- * fork(), which on such a kernel is one it would not print itself.
+ * opening UCX's md with FORK_INIT=n. UCX 1.13 then warns at every fork()
+ * that "data corruption might occur", which on such a kernel is false and
+ * which 1.22 does not print: kreg_ucx_quiet_fork_warning() keeps exactly
+ * that warning out of UCX's log.
  */
 static int kreg_ucx_fork_init_needed(void)
 {
@@ -90,6 +93,43 @@ static int kreg_ucx_fork_init_needed(void)
     return 0;
 }
 
+/* UCX's two lines from its fork handler (ib_md.c, uct_ib_fork_warn) */
+static ucs_log_func_rc_t
+kreg_ucx_fork_warning_filter(const char *file, unsigned line,
+                             const char *function, ucs_log_level_t level,
+                             const ucs_log_component_config_t *comp_conf,
+                             const char *message, va_list ap)
+{
+    return ((level == UCS_LOG_LEVEL_WARN) && (strstr(file, "ib_md.c") != NULL) &&
+            !strncmp(message, "IB: ", 4)) ? UCS_LOG_FUNC_RC_STOP :
+                                            UCS_LOG_FUNC_RC_CONTINUE;
+}
+
+static void kreg_ucx_fork_prepare(void)
+{
+    ucs_log_push_handler(kreg_ucx_fork_warning_filter);
+}
+
+static void kreg_ucx_fork_done(void)
+{
+    ucs_log_pop_handler();
+}
+
+/* After UCX's md opened with FORK_INIT=n: fork handlers of ours, registered
+ * after UCX's (prepare handlers run in reverse order of registration, so
+ * ours first), that hold a log filter for the time of UCX's warning. */
+static void kreg_ucx_quiet_fork_warning(void)
+{
+    static int done;
+
+    if (!__atomic_exchange_n(&done, 1, __ATOMIC_ACQ_REL) &&
+        (pthread_atfork(kreg_ucx_fork_prepare, kreg_ucx_fork_done,
+                        kreg_ucx_fork_done) != 0)) {
+        ucs_debug("ib_regcache: pthread_atfork failed: UCX's fork warning "
+                  "stays");
+    }
+}
+
 /* UCX's IB md opened with a clone of config whose REG_METHODS is
  * reg_methods. uct_ib_md_open keeps no pointer into its config (1.13.1:
  * ib_md.c copies md_config->ext, parses device specs and the subnet prefix
@@ -103,6 +143,7 @@ static ucs_status_t kreg_ucx_open_ib_md_with(const uct_ib_md_config_t *config,
     ucs_config_field_t *table = uct_ib_component.md_config.table;
     uct_ib_md_config_t *clone;
     ucs_status_t status;
+    int quiet = 0;
 
     clone = ucs_calloc(1, uct_ib_component.md_config.size, "ib md config");
     if (clone == NULL) {
@@ -117,10 +158,14 @@ static ucs_status_t kreg_ucx_open_ib_md_with(const uct_ib_md_config_t *config,
                                          reg_methods);
     if ((status == UCS_OK) && !kreg_ucx_fork_init_needed()) {
         status = ucs_config_parser_set_value(clone, table, "FORK_INIT", "n");
+        quiet   = 1;
     }
     if (status == UCS_OK) {
         status = kreg_ucx_ib_md_open(&uct_ib_component, md_name, &clone->super,
                                      md_p);
+    }
+    if ((status == UCS_OK) && quiet) {
+        kreg_ucx_quiet_fork_warning();
     }
     ucs_config_parser_release_opts(clone, table);
 out_free:
