@@ -69,6 +69,24 @@ protected:
 
 const size_t len = 64 * 1024;
 
+/* Unmaps p (len bytes) by the raw syscall, which no hook could see, and maps
+ * a new token there; nullptr if another thread (an allocator, the
+ * dispatcher) took the address first (the caller tries again). */
+void *remap_raw(void *p)
+{
+    if (syscall(SYS_munmap, p, len) != 0) {
+        return nullptr;
+    }
+    void *q = map_with_token(p, len, MAP_FIXED_NOREPLACE);
+    if (q != p) {
+        if (q != nullptr) {
+            munmap(q, len);
+        }
+        return nullptr;
+    }
+    return q;
+}
+
 TEST_P(Rcache, RemapAfterAHitMissesTheOldEntry)
 {
     for (int attempt = 0;; ++attempt) {
@@ -81,13 +99,8 @@ TEST_P(Rcache, RemapAfterAHitMissesTheOldEntry)
         ASSERT_TRUE(a.cached && b.cached);
         EXPECT_EQ(regs + 1, cache_->registrations()) << "the second lookup must hit";
 
-        ASSERT_EQ(0, syscall(SYS_munmap, p, len)); /* no hook could see this */
-        /* another thread (an allocator, the dispatcher) may take it first */
-        void *q = map_with_token(p, len, MAP_FIXED_NOREPLACE);
-        if (q != p) {
-            if (q != nullptr) {
-                munmap(q, len);
-            }
+        void *q = remap_raw(p);
+        if (q == nullptr) {
             continue;
         }
         auto c = cache_->lookup(q, len);
@@ -197,13 +210,9 @@ TEST_P(Rcache, AnEntryInUseIsDeregisteredOnlyOnceReleased)
         ASSERT_NE(nullptr, held);
         const uint64_t deregs = cache_->deregistrations();
 
-        ASSERT_EQ(0, syscall(SYS_munmap, p, len));
-        void *q = map_with_token(p, len, MAP_FIXED_NOREPLACE);
-        if (q != p) {
+        void *q = remap_raw(p);
+        if (q == nullptr) {
             cache_->release(held);
-            if (q != nullptr) {
-                munmap(q, len);
-            }
             continue;
         }
         /* the new mapping's lookup drops the stale entry from the cache */
