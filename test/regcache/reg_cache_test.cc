@@ -10,17 +10,25 @@
  *    (the kernel's unmap event reached the cache);
  * 4. a private file mapping: cached by the notifier backend and by
  *    userfaultfd with WP_ASYNC (Linux 6.7+); else registered uncached every
- *    time, and its key still packs.
+ *    time, and its key still packs;
+ * 5. notifier: a miss that UCS merges with a cached neighbour whose unmap
+ *    event is still on its way (queued behind one held in UCM) registers
+ *    the requested range with one watch and logs no error (md.c, hazard
+ *    "merge over an unmap in flight").
  */
 #include "uct_component.h"
 
+#include <ucm/api/ucm.h>
 #include <ucm_kernel/ucm_kernel.h>
+#include <ucs/debug/log_def.h>
 #include <uct/api/uct.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -78,6 +86,120 @@ uint64_t reg_n(uct_md_h md, void *buf, size_t len, int n, bool pack,
         uct_md_mem_dereg(md, memh);
     }
     return stats().watch_calls - before;
+}
+
+/* 5: a UCM handler that holds the first unmap event over [start, end)
+ * until released, as a slow dispatcher thread would */
+struct held_unmap {
+    std::atomic<uintptr_t> start{0}, end{0};
+    std::atomic<int>       entered{0}, release{0}, left{0};
+};
+held_unmap g_hold;
+std::atomic<int> g_errors;
+
+void hold_unmap(ucm_event_type_t, ucm_event_t *event, void *)
+{
+    const uintptr_t s = reinterpret_cast<uintptr_t>(event->vm_unmapped.address);
+    const uintptr_t e = s + event->vm_unmapped.size;
+    if ((s < g_hold.end.load()) && (g_hold.start.load() < e) &&
+        !g_hold.entered.exchange(1)) {
+        for (int ms = 0; (ms < 20000) && !g_hold.release.load(); ++ms) {
+            usleep(1000);
+        }
+        g_hold.left.store(1);
+    }
+}
+
+ucs_log_func_rc_t count_errors(const char *, unsigned, const char *,
+                               ucs_log_level_t level,
+                               const ucs_log_component_config_t *,
+                               const char *, va_list)
+{
+    if (level <= UCS_LOG_LEVEL_ERROR) {
+        ++g_errors;
+    }
+    return UCS_LOG_FUNC_RC_CONTINUE;
+}
+
+bool wait_for(const std::atomic<int> &flag, int ms)
+{
+    for (; (ms > 0) && !flag.load(); --ms) {
+        usleep(1000);
+    }
+    return flag.load() != 0;
+}
+
+/* munmap by the raw syscall: a UCM hook (UCX installs its mmap hooks for
+ * the memory type cache, whatever the kernel source does) would tell the
+ * rcache before it returned, and nothing would be in flight */
+void raw_munmap(void *addr, size_t len)
+{
+    syscall(SYS_munmap, addr, len);
+}
+
+void merge_over_unmap_in_flight(uct_md_h md)
+{
+    const size_t page = sysconf(_SC_PAGESIZE);
+    char *buf = static_cast<char*>(mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE,
+                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    /* shared: a VMA of its own, that no munmap of buf splits or merges
+     * with (a split inside a 2 MiB block notifies the whole block) */
+    char *sentinel = static_cast<char*>(mmap(nullptr, page, PROT_READ | PROT_WRITE,
+                                             MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    if ((buf == MAP_FAILED) || (sentinel == MAP_FAILED)) {
+        check(false, "mmap of 3 pages and 1");
+        return;
+    }
+    memset(buf, 5, 3 * page);
+    memset(sentinel, 6, page);
+
+    /* [0, 2 pages) and the sentinel cached. The events of the cases before
+     * are dispatched first: a late one for an address mmap gave out again
+     * would drop them. */
+    kreg_sync();
+    bool reg_ok, sentinel_ok, hit_ok;
+    reg_n(md, buf, 2 * page, 1, false, &reg_ok);
+    reg_n(md, sentinel, page, 1, false, &sentinel_ok);
+    kreg_sync();
+    const bool cached = reg_n(md, buf, 2 * page, 1, false, &hit_ok) == 0;
+    const bool ok     = reg_ok && sentinel_ok && hit_ok && cached;
+    check(ok, "[0, 2 pages) registered and cached");
+
+    /* The one thread that dispatches the kernel's events is held in UCM
+     * with the sentinel's unmap; buf's unmap then waits behind it. */
+    g_hold.start = reinterpret_cast<uintptr_t>(sentinel);
+    g_hold.end   = g_hold.start + page;
+    ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, -1000, hold_unmap, nullptr);
+    raw_munmap(sentinel, page);
+    const bool held = wait_for(g_hold.entered, 10000);
+    check(held, "the event dispatcher is held in UCM");
+    raw_munmap(buf, page);
+
+    /* [1, 3 pages): UCS merges it with the cached [0, 2), whose first page
+     * is gone and whose unmap the rcache has not heard of yet */
+    const uint64_t watches = stats().watch_calls;
+    g_errors = 0;
+    ucs_log_push_handler(count_errors);
+    uct_mem_h memh;
+    const ucs_status_t status = uct_md_mem_reg(md, buf + page, 2 * page,
+                                               UCT_MD_MEM_ACCESS_ALL, &memh);
+    ucs_log_pop_handler();
+    const uint64_t took = stats().watch_calls - watches;
+    const int errors    = g_errors.load();
+
+    g_hold.release = 1;
+    wait_for(g_hold.left, 10000);
+    ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, hold_unmap, nullptr);
+
+    std::printf("info: merge over an unmap in flight: %s, %lu watches, %d "
+                "errors logged\n", ucs_status_string(status),
+                (unsigned long)took, errors);
+    check(ok && held && (status == UCS_OK) && (errors == 0) && (took == 1),
+          "a merge over an unmap in flight: registered, one watch, no error");
+    if (status == UCS_OK) {
+        uct_md_mem_dereg(md, memh);
+    }
+    munmap(buf + page, 2 * page);
 }
 
 } // namespace
@@ -165,6 +287,16 @@ int main(int argc, char **argv)
                   "file mapping registered uncached each time, key packs");
         }
         munmap(file, 4096);
+    }
+
+    /* 5. merge over an unmap in flight */
+    if (caps.backend == KREG_BACKEND_NOTIFIER) {
+        merge_over_unmap_in_flight(md);
+    } else {
+        /* uffd: a lookup waits for events in flight (kreg_prepare_lookup;
+         * test_events.cc), so no miss meets such a neighbour */
+        std::printf("skip: merge over an unmap in flight: userfaultfd's lookup "
+                    "waits for the events in flight\n");
     }
 
     uct_md_close(md);

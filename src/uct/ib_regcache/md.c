@@ -27,6 +27,7 @@
 #include <ucs/sys/compiler_def.h>
 #include <ucs/type/status.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,26 @@ static void kreg_md_dofork(kreg_region_t *region, void *address, size_t length)
     region->memh.flags &= ~KREG_MEMH_FLAG_DONTFORK;
 }
 
+/*
+ * Hazard "merge over an unmap in flight": on a miss UCS's rcache merges the
+ * requested range with the cached regions it overlaps and registers the
+ * union, silently (UCS_RCACHE_MEM_REG_HIDE_ERRORS), because a merge may
+ * fail where the requested range alone would not: then UCS registers the
+ * requested range alone. Our unmap events reach the rcache from a thread of
+ * ours, after the munmap returned (the notifier's reader), so a neighbour
+ * whose pages were just unmapped can still be in the tree: the union spans
+ * a hole and ibv_reg_mr fails with EFAULT. UCX 1.13's IB md drops the
+ * silence on the way (its mem_reg passes silent=0) and logs that as an
+ * error. A silent registration is therefore checked first, by one call
+ * that changes nothing: msync(MS_ASYNC) fails with ENOMEM on a range that
+ * is not all mapped. A hole the unmap left and something mapped since is
+ * no hole: that union registers and is watched as it is now.
+ */
+static int kreg_md_range_has_hole(void *address, size_t length)
+{
+    return (msync(address, length, MS_ASYNC) != 0) && (errno == ENOMEM);
+}
+
 ucs_status_t kreg_md_region_register(kreg_md_t *md, kreg_region_t *region,
                                      unsigned uct_flags, int silent)
 {
@@ -146,6 +167,12 @@ ucs_status_t kreg_md_region_register(kreg_md_t *md, kreg_region_t *region,
     ucs_status_t status;
 
     if (silent) {
+        if (kreg_md_range_has_hole(address, length)) {
+            ucs_debug("ib_regcache: %s: %p..%p is not all mapped (a merge "
+                      "over an unmap in flight?): not registered", md->name,
+                      address, UCS_PTR_BYTE_OFFSET(address, length));
+            return UCS_ERR_IO_ERROR;
+        }
         arg.flags |= UCT_MD_MEM_FLAG_HIDE_ERRORS;
     }
 
