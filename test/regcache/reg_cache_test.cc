@@ -16,6 +16,7 @@
  *    the requested range with one watch and logs no error (md.c, hazard
  *    "merge over an unmap in flight").
  */
+#include "test_buffers.h"
 #include "uct_component.h"
 
 #include <ucm/api/ucm.h>
@@ -25,7 +26,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -129,14 +129,6 @@ bool wait_for(const std::atomic<int> &flag, int ms)
     return flag.load() != 0;
 }
 
-/* munmap by the raw syscall: a UCM hook (UCX installs its mmap hooks for
- * the memory type cache, whatever the kernel source does) would tell the
- * rcache before it returned, and nothing would be in flight */
-void raw_munmap(void *addr, size_t len)
-{
-    syscall(SYS_munmap, addr, len);
-}
-
 void merge_over_unmap_in_flight(uct_md_h md)
 {
     const size_t page = sysconf(_SC_PAGESIZE);
@@ -170,6 +162,9 @@ void merge_over_unmap_in_flight(uct_md_h md)
     g_hold.start = reinterpret_cast<uintptr_t>(sentinel);
     g_hold.end   = g_hold.start + page;
     ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, -1000, hold_unmap, nullptr);
+    /* raw syscalls: UCX's mmap hooks (installed for its memory type cache,
+     * whatever the kernel source does) would tell the rcache at once, and
+     * nothing would be in flight */
     raw_munmap(sentinel, page);
     const bool held = wait_for(g_hold.entered, 10000);
     check(held, "the event dispatcher is held in UCM");

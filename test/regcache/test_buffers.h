@@ -1,7 +1,8 @@
 /*
  * Buffers for the component's data tests (ucp_data, mpi_remap, uct_ops; C
- * and C++): a byte pattern in which a stale or shifted copy shows, libc's
- * mmap (which UCX's hooks see) and the remap no hook sees.
+ * and C++; reg_cache_test): a byte pattern in which a stale or shifted copy
+ * shows, libc's mmap (which UCX's hooks see) and the unmap and remap no hook
+ * sees.
  */
 #ifndef TEST_REGCACHE_TEST_BUFFERS_H
 #define TEST_REGCACHE_TEST_BUFFERS_H
@@ -48,6 +49,12 @@ static inline void *libc_mmap(size_t len)
                 -1, 0);
 }
 
+/* Unmaps by the raw syscall, which no hook sees, only the kernel; 1 if done. */
+static inline int raw_munmap(void *buf, size_t len)
+{
+    return syscall(SYS_munmap, buf, len) == 0;
+}
+
 /* Unmaps buf by the raw syscall and maps fresh anonymous memory at the same
  * address (MAP_FIXED_NOREPLACE), which no hook sees, only the kernel; 0 if
  * another mapping took the address meanwhile (buf is gone then). */
@@ -55,7 +62,7 @@ static inline int raw_remap(void *buf, size_t len)
 {
     long r;
 
-    if (syscall(SYS_munmap, buf, len) != 0) {
+    if (!raw_munmap(buf, len)) {
         return 0;
     }
     r = syscall(SYS_mmap, buf, len, PROT_READ | PROT_WRITE,
