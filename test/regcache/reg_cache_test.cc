@@ -14,7 +14,9 @@
  * 5. notifier: a miss that UCS merges with a cached neighbour whose unmap
  *    event is still on its way (queued behind one held in UCM) registers
  *    the requested range with one watch and logs no error (md.c, hazard
- *    "merge over an unmap in flight").
+ *    "merge over an unmap in flight");
+ * 6. a range with a hole of the caller's own still fails with UCX's error,
+ *    merged or not.
  */
 #include "test_buffers.h"
 #include "uct_component.h"
@@ -197,6 +199,41 @@ void merge_over_unmap_in_flight(uct_md_h md)
     munmap(buf + page, 2 * page);
 }
 
+/* 6: a range with a hole of the caller's own still fails with UCX's error,
+ * also where UCS merges it with a cached region first (md.c's quiet
+ * refusal of a merge with a hole must not swallow it) */
+void bad_range_still_fails(uct_md_h md)
+{
+    const size_t page = sysconf(_SC_PAGESIZE);
+    char *buf = static_cast<char*>(mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE,
+                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (buf == MAP_FAILED) {
+        check(false, "mmap of 3 pages");
+        return;
+    }
+    memset(buf, 7, 3 * page);
+    kreg_sync();
+    bool reg_ok;
+    reg_n(md, buf, 2 * page, 1, false, &reg_ok);
+    munmap(buf + 2 * page, page);
+
+    g_errors = 0;
+    ucs_log_push_handler(count_errors);
+    uct_mem_h memh;
+    const ucs_status_t status = uct_md_mem_reg(md, buf + page, 2 * page,
+                                               UCT_MD_MEM_ACCESS_ALL, &memh);
+    ucs_log_pop_handler();
+    const int errors = g_errors.load();
+    std::printf("info: a range with a hole of its own: %s, %d errors logged\n",
+                ucs_status_string(status), errors);
+    check(reg_ok && (status != UCS_OK) && (errors >= 1),
+          "a range with a hole of the caller's own fails, with UCX's error");
+    if (status == UCS_OK) {
+        uct_md_mem_dereg(md, memh);
+    }
+    munmap(buf, 2 * page);
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -293,6 +330,9 @@ int main(int argc, char **argv)
         std::printf("skip: merge over an unmap in flight: userfaultfd's lookup "
                     "waits for the events in flight\n");
     }
+
+    /* 6. bad input loses nothing */
+    bad_range_still_fails(md);
 
     uct_md_close(md);
     std::printf("%s\n", g_failures ? "FAILED" : "PASSED");
