@@ -123,6 +123,19 @@ ucs_log_func_rc_t count_errors(const char *, unsigned, const char *,
     return UCS_LOG_FUNC_RC_CONTINUE;
 }
 
+/* uct_md_mem_reg, counting the errors UCX logs meanwhile */
+ucs_status_t reg_counting_errors(uct_md_h md, void *addr, size_t len,
+                                 uct_mem_h *memh_p, int *errors)
+{
+    g_errors = 0;
+    ucs_log_push_handler(count_errors);
+    const ucs_status_t status = uct_md_mem_reg(md, addr, len,
+                                               UCT_MD_MEM_ACCESS_ALL, memh_p);
+    ucs_log_pop_handler();
+    *errors = g_errors.load();
+    return status;
+}
+
 bool wait_for(const std::atomic<int> &flag, int ms)
 {
     for (; (ms > 0) && !flag.load(); --ms) {
@@ -175,14 +188,11 @@ void merge_over_unmap_in_flight(uct_md_h md)
     /* [1, 3 pages): UCS merges it with the cached [0, 2), whose first page
      * is gone and whose unmap the rcache has not heard of yet */
     const uint64_t watches = stats().watch_calls;
-    g_errors = 0;
-    ucs_log_push_handler(count_errors);
     uct_mem_h memh;
-    const ucs_status_t status = uct_md_mem_reg(md, buf + page, 2 * page,
-                                               UCT_MD_MEM_ACCESS_ALL, &memh);
-    ucs_log_pop_handler();
+    int errors;
+    const ucs_status_t status = reg_counting_errors(md, buf + page, 2 * page,
+                                                    &memh, &errors);
     const uint64_t took = stats().watch_calls - watches;
-    const int errors    = g_errors.load();
 
     g_hold.release = 1;
     wait_for(g_hold.left, 10000);
@@ -217,13 +227,10 @@ void bad_range_still_fails(uct_md_h md)
     reg_n(md, buf, 2 * page, 1, false, &reg_ok);
     munmap(buf + 2 * page, page);
 
-    g_errors = 0;
-    ucs_log_push_handler(count_errors);
     uct_mem_h memh;
-    const ucs_status_t status = uct_md_mem_reg(md, buf + page, 2 * page,
-                                               UCT_MD_MEM_ACCESS_ALL, &memh);
-    ucs_log_pop_handler();
-    const int errors = g_errors.load();
+    int errors;
+    const ucs_status_t status = reg_counting_errors(md, buf + page, 2 * page,
+                                                    &memh, &errors);
     std::printf("info: a range with a hole of its own: %s, %d errors logged\n",
                 ucs_status_string(status), errors);
     check(reg_ok && (status != UCS_OK) && (errors >= 1),
