@@ -160,4 +160,97 @@ struct kreg_nf_event {
 #define KREG_NF_IOC_REGISTER   _IOWR(KREG_NF_IOC_MAGIC, 0x41, struct kreg_nf_register)
 #define KREG_NF_IOC_UNREGISTER _IOW(KREG_NF_IOC_MAGIC, 0x42, struct kreg_nf_unregister)
 
+/*
+ * Synchronous delivery (KREG_NF_IOC_SYNC_*): UCX's own registration caches
+ * made exact for every transport, without a per-hit check.
+ *
+ * SYNC_START puts one more notifier on the whole address space of the
+ * caller. From then on, a change of pages that may be pinned for DMA
+ * (folio_maybe_dma_pinned(): ibv_reg_mr, io_uring fixed buffers, ...) made
+ * by a thread of the process is queued as a range, and
+ *  - the changing thread gets signal signo before it returns to user space
+ *    (unless it blocks signo or signo has no handler: then it is gated as
+ *    below, and the dispatcher is woken);
+ *  - every other thread of the process, at its next return to user space
+ *    (from a system call, a fault or an interrupt), waits until the range
+ *    has been acknowledged by a DRAIN ("the gate"), at most gate_timeout_ms;
+ *    a thread about to run signo's handler is not held (its handler
+ *    drains). After 2 ms of waiting a gate wakes the dispatcher.
+ * The dispatcher (the thread that called SYNC_DISPATCHER) is never held;
+ * poll() reports EPOLLIN when it should DRAIN. Changes made by other
+ * processes or kernel threads (truncate, reclaim, KSM, migration) and by
+ * io_uring workers are queued for the dispatcher and counted as late;
+ * io_uring workers still gate the process's threads.
+ * Pages that are not pinned are never queued: memory that was never
+ * registered pays one page-table walk in the changing thread.
+ *
+ * DRAIN hands out every queued range not yet acknowledged whose change has
+ * completed (it waits for invalidations in flight), oldest first, and
+ * returns seq; once the caller has reported them (ucm_vm_munmap()), it
+ * passes seq as ack to its next DRAIN: that releases every gate waiting for
+ * those ranges. Several threads may DRAIN at once; each gets every range
+ * not yet acknowledged, so each acknowledges only what it reported itself.
+ * A full queue widens its newest range.
+ *
+ * SYNC_STOP (also the owner's close() of the descriptor) removes the
+ * notifier and opens every gate. Errors: EINVAL for a bad argument or a
+ * flag not 0, EBUSY for a second SYNC_START, ENOENT for SYNC_* before
+ * SYNC_START, ENOMEM.
+ */
+
+/* KREG_NF_IOC_SYNC_START (in) */
+struct kreg_nf_sync_start {
+	/*
+	 * 1.._NSIG but SIGKILL and SIGSTOP; 0: no signal, every change is
+	 * gated and drained by the dispatcher
+	 */
+	__u32 signo;
+	__u32 gate_timeout_ms; /* 1..60000 */
+	__u32 flags;           /* 0 */
+	__u32 reserved;        /* 0 */
+};
+
+/* A range handed out by DRAIN. */
+struct kreg_nf_range {
+	__u64 start;
+	__u64 end;     /* exclusive */
+};
+
+/* KREG_NF_IOC_SYNC_DRAIN (in/out) */
+struct kreg_nf_sync_drain {
+	__u64 ack;     /* in: a seq of an earlier DRAIN now reported, or 0 */
+	__u64 buf;     /* in: struct kreg_nf_range[max] */
+	__u32 max;     /* in: 1..KREG_NF_SYNC_QUEUE */
+	__u32 count;   /* out: ranges written */
+	__u64 seq;     /* out: acknowledge this once they are reported */
+};
+
+/* KREG_NF_IOC_SYNC_STATS (out): counts since SYNC_START */
+struct kreg_nf_sync_stats {
+	__u64 queued;        /* ranges queued (pinned pages changed) */
+	__u64 signalled;     /* signals sent to the changing thread */
+	__u64 self_gated;    /* changing thread held: signo blocked or no handler */
+	__u64 gates;         /* other threads held */
+	__u64 gate_waits;    /* gates that had to sleep */
+	__u64 gate_timeouts; /* gates that gave up after gate_timeout_ms */
+	__u64 gate_nomem;    /* threads that could not be held (no memory) */
+	/*
+	 * queued from another process, a kernel thread or an io_uring
+	 * worker: reported by the dispatcher
+	 */
+	__u64 late;
+	__u64 overflows;     /* ranges merged into the newest (queue full) */
+	__u64 unpinned;      /* changes skipped: no pinned page in the range */
+	__u64 drains;        /* DRAIN calls that handed out ranges */
+	__u64 reserved[5];
+};
+
+#define KREG_NF_SYNC_QUEUE 64
+
+#define KREG_NF_IOC_SYNC_START      _IOW(KREG_NF_IOC_MAGIC, 0x43, struct kreg_nf_sync_start)
+#define KREG_NF_IOC_SYNC_DRAIN      _IOWR(KREG_NF_IOC_MAGIC, 0x44, struct kreg_nf_sync_drain)
+#define KREG_NF_IOC_SYNC_DISPATCHER _IO(KREG_NF_IOC_MAGIC, 0x45)
+#define KREG_NF_IOC_SYNC_STOP       _IO(KREG_NF_IOC_MAGIC, 0x46)
+#define KREG_NF_IOC_SYNC_STATS      _IOR(KREG_NF_IOC_MAGIC, 0x47, struct kreg_nf_sync_stats)
+
 #endif /* _UAPI_KREG_NOTIFIER_H */

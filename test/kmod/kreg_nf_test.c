@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include <kreg_notifier.h>
+#include <liburing.h>
 
 #define SYSDIR "/sys/class/misc/kreg_notifier"
 #define PARAMDIR "/sys/module/kreg_notifier/parameters"
@@ -2038,18 +2039,624 @@ static int t_overlap_cap(void)
 	return 0;
 }
 
+/* ---- synchronous delivery (KREG_NF_IOC_SYNC_*) ---------------------------
+ * Pages are pinned the way a NIC's registration pins them: io_uring fixed
+ * buffers (pin_user_pages with FOLL_LONGTERM, as ib_umem_get). The
+ * handler and the dispatcher thread drain like libucm_kernel does: DRAIN,
+ * report (here: note whether the watched range was among them), DRAIN
+ * again with the ack. "reported" is set before the ack, so a thread the
+ * module let go before it saw the report is a failure of the module. */
+
+#define SY_SIGNO (SIGRTMIN + 4)
+
+static struct {
+	int fd;
+	uint64_t want_start, want_end;	/* the range a test waits for */
+	uint64_t want2_start, want2_end;
+	volatile int reported, reported2;
+	volatile int handler_runs;
+	int delay_ms;			/* the handler sleeps first */
+	bool close_in_handler;		/* the handler closes fd instead */
+	bool exit_in_handler;		/* the handler ends the process */
+	char *inner;			/* the handler unmaps it (reentry) */
+	volatile bool disp_stop;
+	pthread_t disp;
+	bool disp_running;
+} g_sy;
+
+static void sy_note(const struct kreg_nf_range *r, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		if (r[i].start < g_sy.want_end && g_sy.want_start < r[i].end)
+			g_sy.reported = 1;
+		if (r[i].start < g_sy.want2_end && g_sy.want2_start < r[i].end)
+			g_sy.reported2 = 1;
+	}
+}
+
+/* 0, or -errno of the first DRAIN that failed */
+static int sy_drain(void)
+{
+	struct kreg_nf_range r[8];
+	uint64_t ack = 0;
+
+	for (;;) {
+		struct kreg_nf_sync_drain d = {
+			.ack = ack, .buf = (uintptr_t)r, .max = 8 };
+
+		if (ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, &d))
+			return errno == EINTR ? 0 : -errno;
+		if (!d.count)
+			return 0;
+		sy_note(r, d.count);
+		ack = d.seq;
+	}
+}
+
+static void sy_handler(int sig)
+{
+	int e = errno;
+
+	(void)sig;
+	g_sy.handler_runs++;
+	if (g_sy.delay_ms)
+		usleep(g_sy.delay_ms * 1000);
+	if (g_sy.exit_in_handler)
+		_exit(0);	/* exit_group: every other thread is held */
+	if (g_sy.close_in_handler) {
+		close(g_sy.fd);
+		errno = e;
+		return;
+	}
+	if (g_sy.inner) {
+		char *q = g_sy.inner;
+
+		g_sy.inner = NULL;
+		munmap(q, LEN);	/* a change made inside a dispatch */
+	}
+	sy_drain();
+	errno = e;
+}
+
+static void *sy_dispatcher(void *a)
+{
+	struct pollfd pfd = { .fd = g_sy.fd, .events = POLLIN };
+
+	(void)a;
+	if (ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DISPATCHER))
+		return (void *)1;
+	while (!g_sy.disp_stop)
+		if (poll(&pfd, 1, 20) > 0 && (pfd.revents & POLLIN))
+			sy_drain();
+	return NULL;
+}
+
+static int sy_start_ioctl(uint32_t signo, uint32_t timeout_ms)
+{
+	struct kreg_nf_sync_start st = { .signo = signo,
+					 .gate_timeout_ms = timeout_ms };
+
+	return ioctl(g_sy.fd, KREG_NF_IOC_SYNC_START, &st) ? -errno : 0;
+}
+
+/* A descriptor with synchronous delivery on SY_SIGNO (signo 0: none), and
+ * the dispatcher thread if asked for. */
+static int sy_start(int signo, uint32_t timeout_ms, bool dispatcher)
+{
+	struct sigaction sa = { .sa_handler = sy_handler };
+
+	memset(&g_sy, 0, sizeof(g_sy));
+	g_sy.fd = open(KREG_NF_DEVICE, O_RDWR | O_CLOEXEC);
+	if (g_sy.fd < 0)
+		return -errno;
+	sigemptyset(&sa.sa_mask);
+	sa.sa_flags = SA_RESTART;
+	if (signo && sigaction(signo, &sa, NULL))
+		return -errno;
+	if (sy_start_ioctl(signo, timeout_ms))
+		return -errno;
+	if (dispatcher) {
+		if (pthread_create(&g_sy.disp, NULL, sy_dispatcher, NULL))
+			return -EAGAIN;
+		g_sy.disp_running = true;
+		usleep(20000);	/* it has called SYNC_DISPATCHER */
+	}
+	return 0;
+}
+
+static void sy_stop_dispatcher(void)
+{
+	if (g_sy.disp_running) {
+		g_sy.disp_stop = true;
+		pthread_join(g_sy.disp, NULL);
+		g_sy.disp_running = false;
+	}
+}
+
+static int sy_stats(struct kreg_nf_sync_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+	return ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STATS, st) ? -errno : 0;
+}
+
+static struct io_uring g_ring;	/* the first pin's: io_uring madvise uses it */
+static bool g_ring_up;
+
+/* Pins [p, p + len) as a NIC registration would (one ring a buffer: a ring
+ * takes one REGISTER_BUFFERS); 77 with the reason. */
+static int pin(char *p, size_t len)
+{
+	struct iovec iov = { .iov_base = p, .iov_len = len };
+	struct io_uring *ring = g_ring_up ? malloc(sizeof(*ring)) : &g_ring;
+	int r;
+
+	if (!ring)
+		return 1;
+	r = io_uring_queue_init(8, ring, 0);
+	if (r)
+		return skip("io_uring_queue_init: %s", strerror(-r));
+	g_ring_up = true;
+	r = io_uring_register_buffers(ring, &iov, 1);
+	if (r)
+		return skip("io_uring_register_buffers (the pin): %s",
+			    strerror(-r));
+	return 0;
+}
+
+/* A populated buffer, pinned, that the test waits to see reported. */
+static char *sy_buffer(bool pinned, int *rc)
+{
+	char *p = anon(LEN);
+
+	*rc = p ? 0 : 1;
+	if (p && pinned)
+		*rc = pin(p, LEN);
+	g_sy.want_start = (uintptr_t)p;
+	g_sy.want_end = (uintptr_t)p + LEN;
+	return p;
+}
+
+/* sy_start, then a pinned buffer in *p; 0, 77 or a failure */
+static int sy_setup(int signo, uint32_t timeout_ms, bool dispatcher, char **p)
+{
+	int rc;
+
+	CHECK(sy_start(signo, timeout_ms, dispatcher) == 0, "SYNC_START");
+	*p = sy_buffer(true, &rc);
+	return rc;
+}
+
+static int sy_ch_munmap(char *p) { return munmap(p, LEN); }
+static int sy_ch_raw_munmap(char *p) { return syscall(SYS_munmap, p, LEN); }
+static int sy_ch_dontneed(char *p) { return madvise(p, LEN, MADV_DONTNEED); }
+static int sy_ch_map_fixed(char *p)
+{
+	return mmap(p, LEN, PROT_READ | PROT_WRITE,
+		    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == p ? 0 : -1;
+}
+
+static int sy_ch_mremap(char *p)
+{
+	char *to = mmap(NULL, LEN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS,
+			-1, 0);
+
+	return to != MAP_FAILED &&
+	       mremap(p, LEN, LEN, MREMAP_MAYMOVE | MREMAP_FIXED, to) == to ?
+	       0 : -1;
+}
+
+static int sy_ch_mprotect(char *p) { return mprotect(p, LEN, PROT_READ); }
+
+/*
+ * One change in this thread: with pinned pages it is reported by this
+ * thread's handler before the call returns; mprotect and memory never
+ * pinned are not reported at all.
+ */
+struct sy_case {
+	int (*change)(char *p);
+	bool pinned, reported;
+	const char *what;
+};
+
+static int sy_order(const struct sy_case *c)
+{
+	bool pinned = c->pinned, reported = c->reported;
+	const char *what = c->what;
+	struct kreg_nf_sync_stats st;
+	int rc;
+	char *p;
+
+	CHECK(sy_start(SY_SIGNO, 10000, false) == 0, "SYNC_START");
+	p = sy_buffer(pinned, &rc);
+	if (rc)
+		return rc;
+	CHECK(c->change(p) == 0, "%s", what);
+	CHECK(g_sy.reported == reported, "%s: reported %d before it returned, want %d (handler ran %d times)",
+	      what, g_sy.reported, reported, g_sy.handler_runs);
+	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+	if (reported)
+		CHECK(st.signalled >= 1 && st.queued >= 1,
+		      "signalled %llu queued %llu", (unsigned long long)st.signalled,
+		      (unsigned long long)st.queued);
+	else if (!pinned)
+		CHECK(st.queued == 0 && st.unpinned >= 1,
+		      "memory never pinned: queued %llu unpinned %llu",
+		      (unsigned long long)st.queued,
+		      (unsigned long long)st.unpinned);
+	else
+		CHECK(st.queued == 0, "%s queued %llu", what,
+		      (unsigned long long)st.queued);
+	return 0;
+}
+
+static void *sy_unmapper(void *p)
+{
+	return (void *)(intptr_t)munmap(p, LEN);
+}
+
+/*
+ * The cross-thread window: another thread unmaps; this one spins mapping
+ * the same address. The unmapping thread's handler takes 100 ms: this
+ * thread's mmap must not return with the address before the report.
+ */
+static int t_sync_other_thread_held(void)
+{
+	struct kreg_nf_sync_stats st;
+	pthread_t b;
+	int rc, tries = 0;
+	char *p, *q;
+
+	rc = sy_setup(SY_SIGNO, 10000, false, &p);
+	if (rc)
+		return rc;
+	g_sy.delay_ms = 100;
+	CHECK(pthread_create(&b, NULL, sy_unmapper, p) == 0, "pthread_create");
+	for (;;) {
+		q = mmap(p, LEN, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+		if (q == p)
+			break;
+		CHECK(q == MAP_FAILED && errno == EEXIST, "mmap NOREPLACE");
+		tries++;
+	}
+	CHECK(g_sy.reported, "this thread mapped the freed address before the unmapping thread's report (after %d tries)",
+	      tries);
+	pthread_join(b, NULL);
+	CHECK(sy_stats(&st) == 0 && st.gates >= 1 && st.gate_waits >= 1,
+	      "gates %llu waits %llu", (unsigned long long)st.gates,
+	      (unsigned long long)st.gate_waits);
+	return 0;
+}
+
+static void *sy_blocked_unmapper(void *p)
+{
+	sigset_t set;
+
+	sigemptyset(&set);
+	sigaddset(&set, SY_SIGNO);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	if (munmap(p, LEN))
+		return (void *)1;
+	return (void *)(intptr_t)(g_sy.reported ? 0 : 2);
+}
+
+/* A thread that blocks the signal is held until the dispatcher reported. */
+static int t_sync_blocked_signal(void)
+{
+	struct kreg_nf_sync_stats st;
+	void *ret;
+	pthread_t b;
+	int rc;
+	char *p;
+
+	rc = sy_setup(SY_SIGNO, 10000, true, &p);
+	if (rc)
+		return rc;
+	CHECK(pthread_create(&b, NULL, sy_blocked_unmapper, p) == 0, "pthread_create");
+	pthread_join(b, &ret);
+	CHECK(ret == NULL, "the blocking thread's munmap returned %s",
+	      ret == (void *)2 ? "before the dispatcher's report" : "an error");
+	CHECK(sy_stats(&st) == 0 && st.self_gated == 1 && st.signalled == 0,
+	      "self_gated %llu signalled %llu",
+	      (unsigned long long)st.self_gated, (unsigned long long)st.signalled);
+	CHECK(g_sy.handler_runs == 0, "the handler ran in a thread that blocks it");
+	sy_stop_dispatcher();
+	return 0;
+}
+
+/* No signal, no dispatcher: the changing thread is let go after the gate
+ * timeout, and that is counted. */
+static int t_sync_gate_timeout(void)
+{
+	struct kreg_nf_sync_stats st;
+	double t0, ms;
+	int rc;
+	char *p;
+
+	CHECK(sy_start(0, 50, false) == 0, "SYNC_START signo 0");
+	p = sy_buffer(true, &rc);
+	if (rc)
+		return rc;
+	t0 = now_ns();
+	CHECK(munmap(p, LEN) == 0, "munmap");
+	ms = (now_ns() - t0) / 1e6;
+	CHECK(sy_stats(&st) == 0 && st.gate_timeouts == 1 && st.self_gated == 1,
+	      "gate_timeouts %llu self_gated %llu",
+	      (unsigned long long)st.gate_timeouts,
+	      (unsigned long long)st.self_gated);
+	CHECK(ms >= 40 && ms < 5000, "held %.1f ms, timeout 50 ms", ms);
+	CHECK(!g_sy.reported, "reported with nobody draining");
+	/* what it was held for is still queued: a late DRAIN reports it */
+	CHECK(sy_drain() == 0 && g_sy.reported, "queued range lost after the timeout");
+	return 0;
+}
+
+/* io_uring's madvise runs in an io-wq worker: no signal can reach the
+ * change; it is counted late, and the submitter, held at its return from
+ * io_uring_enter, sees the completion only after the dispatcher's report. */
+static int t_sync_io_uring_madvise(void)
+{
+	struct kreg_nf_sync_stats st;
+	struct io_uring_cqe *cqe;
+	struct io_uring_sqe *sqe;
+	int rc;
+	char *p;
+
+	rc = sy_setup(SY_SIGNO, 10000, true, &p);
+	if (rc)
+		return rc;
+	sqe = io_uring_get_sqe(&g_ring);
+	CHECK(sqe, "io_uring_get_sqe");
+	io_uring_prep_madvise(sqe, p, LEN, MADV_DONTNEED);
+	CHECK(io_uring_submit_and_wait(&g_ring, 1) == 1, "submit");
+	CHECK(io_uring_peek_cqe(&g_ring, &cqe) == 0, "cqe");
+	if (cqe->res == -EINVAL || cqe->res == -EOPNOTSUPP)
+		return skip("IORING_OP_MADVISE: %s", strerror(-cqe->res));
+	CHECK(cqe->res == 0, "madvise through io_uring: %d", cqe->res);
+	CHECK(g_sy.reported, "io_uring_enter returned before the report");
+	CHECK(sy_stats(&st) == 0 && st.late >= 1,
+	      "late %llu (the worker's change)", (unsigned long long)st.late);
+	sy_stop_dispatcher();
+	return 0;
+}
+
+/* A change made inside the handler (the signal is blocked there) is held
+ * until the dispatcher reports it; the outer call returns after both. */
+static int t_sync_handler_reentered(void)
+{
+	struct kreg_nf_sync_stats st;
+	int rc;
+	char *p, *q;
+
+	rc = sy_setup(SY_SIGNO, 10000, true, &p);
+	if (rc)
+		return rc;
+	q = anon(LEN);
+	CHECK(q && pin(q, LEN) == 0, "second pinned buffer");
+	g_sy.want2_start = (uintptr_t)q;
+	g_sy.want2_end = (uintptr_t)q + LEN;
+	g_sy.inner = q;
+	CHECK(munmap(p, LEN) == 0, "munmap");
+	CHECK(g_sy.reported && g_sy.reported2,
+	      "after the outer munmap: outer reported %d, inner %d",
+	      g_sy.reported, g_sy.reported2);
+	CHECK(sy_stats(&st) == 0 && st.self_gated >= 1,
+	      "self_gated %llu", (unsigned long long)st.self_gated);
+	sy_stop_dispatcher();
+	return 0;
+}
+
+/* A forked child neither stops the parent's delivery (its close) nor adds
+ * to it (its own changes). */
+static int t_sync_fork_child(void)
+{
+	struct kreg_nf_sync_stats st;
+	int rc, status;
+	pid_t pid;
+	char *p;
+
+	rc = sy_setup(SY_SIGNO, 10000, false, &p);
+	if (rc)
+		return rc;
+	pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (pid == 0) {
+		close(g_sy.fd);
+		_exit(munmap(p, LEN) ? 3 : 0);
+	}
+	CHECK(waitpid(pid, &status, 0) == pid && status == 0, "child %#x", status);
+	CHECK(sy_stats(&st) == 0 && st.queued == 0,
+	      "the child's changes were queued: %llu",
+	      (unsigned long long)st.queued);
+	CHECK(munmap(p, LEN) == 0 && g_sy.reported,
+	      "after the child's close: reported %d", g_sy.reported);
+	return 0;
+}
+
+static void *sy_spinner(void *a)
+{
+	(void)a;
+	for (;;)
+		syscall(SYS_getppid);
+	return NULL;
+}
+
+/*
+ * A process ends while its threads are held: by exit_group from the
+ * handler, or by SIGKILL while the handler sleeps. Held threads die with
+ * it (the hold is killable) and nothing of it stays in the module.
+ */
+static int sy_end_while_held(bool by_kill)
+{
+	long c0 = sysval("contexts"), r0 = sysval("ranges"), c, r;
+	double t0 = now_ns();
+	int status;
+	pid_t pid;
+
+	pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (pid == 0) {
+		pthread_t b, s;
+		int rc;
+		char *p;
+
+		if (sy_start(SY_SIGNO, 60000, false))
+			_exit(2);
+		p = sy_buffer(true, &rc);
+		if (rc)
+			_exit(rc);
+		g_sy.delay_ms = by_kill ? 60000 : 300;
+		g_sy.exit_in_handler = !by_kill;
+		pthread_create(&s, NULL, sy_spinner, NULL);
+		pthread_create(&b, NULL, sy_unmapper, p);
+		for (;;)
+			usleep(1000);	/* held at a return from here */
+	}
+	if (by_kill) {
+		usleep(500000);
+		kill(pid, SIGKILL);
+	}
+	CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 77)
+		return skip("no pinned memory in the child");
+	if (by_kill)
+		CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+		      "child %#x", status);
+	else
+		CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		      "child %#x", status);
+	CHECK((now_ns() - t0) / 1e9 < 10, "the end took %.1f s (held threads "
+	      "waited for their timeout?)", (now_ns() - t0) / 1e9);
+	CHECK(live_back_to(c0, r0, &c, &r),
+	      "after exit: contexts %ld ranges %ld, baseline %ld %ld", c, r,
+	      c0, r0);
+	return 0;
+}
+
+static int t_sync_exit_while_held(void)
+{
+	return sy_end_while_held(false);
+}
+
+static int t_sync_sigkill_while_held(void)
+{
+	return sy_end_while_held(true);
+}
+
+/* The owner's close lets every held thread go at once. */
+static int t_sync_close_lets_go(void)
+{
+	long c0 = sysval("contexts"), r0 = sysval("ranges"), c, r;
+	double t0;
+	pthread_t b;
+	int rc;
+	char *p, *q;
+
+	rc = sy_setup(SY_SIGNO, 20000, false, &p);
+	if (rc)
+		return rc;
+	g_sy.delay_ms = 100;
+	g_sy.close_in_handler = true;
+	t0 = now_ns();
+	CHECK(pthread_create(&b, NULL, sy_unmapper, p) == 0, "pthread_create");
+	do {
+		q = mmap(p, LEN, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	} while (q == MAP_FAILED && errno == EEXIST);
+	CHECK(q == p, "mmap NOREPLACE");
+	CHECK((now_ns() - t0) / 1e6 < 5000, "held %.0f ms after the close",
+	      (now_ns() - t0) / 1e6);
+	pthread_join(b, NULL);
+	io_uring_queue_exit(&g_ring);
+	g_ring_up = false;
+	CHECK(live_back_to(c0, r0, &c, &r),
+	      "after close: contexts %ld ranges %ld, baseline %ld %ld", c, r,
+	      c0, r0);
+	return 0;
+}
+
+static int t_sync_bad_args(void)
+{
+	struct kreg_nf_range r[2];
+	struct kreg_nf_sync_drain d = { .buf = (uintptr_t)r, .max = 2 };
+	struct kreg_nf_sync_stats st;
+	struct kreg_nf_sync_start bad[] = {
+		{ .signo = SIGKILL, .gate_timeout_ms = 10 },
+		{ .signo = SIGSTOP, .gate_timeout_ms = 10 },
+		{ .signo = 65, .gate_timeout_ms = 10 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 0 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 60001 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 10, .flags = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 10, .reserved = 1 },
+	};
+	int rc;
+	char *p;
+
+	memset(&g_sy, 0, sizeof(g_sy));
+	g_sy.fd = open(KREG_NF_DEVICE, O_RDWR | O_CLOEXEC);
+	CHECK(g_sy.fd >= 0, "open");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, &d) && errno == ENOENT,
+	      "DRAIN before START");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP) && errno == ENOENT,
+	      "STOP before START");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STATS, &st) && errno == ENOENT,
+	      "STATS before START");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DISPATCHER) && errno == ENOENT,
+	      "DISPATCHER before START");
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_START, &bad[i]) &&
+		      errno == EINVAL, "bad START %zu accepted", i);
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_START, (void *)1) && errno == EFAULT,
+	      "START from a bad pointer");
+	close(g_sy.fd);
+	/* signo 0: nothing is signalled, so a DRAIN sees the range queued */
+	CHECK(sy_start(0, 10, false) == 0, "SYNC_START");
+	CHECK(sy_start_ioctl(0, 10) == -EBUSY, "a second START");
+	p = sy_buffer(true, &rc);
+	if (rc)
+		return rc;
+	CHECK(munmap(p, LEN) == 0, "munmap");
+	d.max = 0;
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, &d) && errno == EINVAL, "max 0");
+	d.max = KREG_NF_SYNC_QUEUE + 1;
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, &d) && errno == EINVAL,
+	      "max over the queue");
+	d.max = 2;
+	d.ack = 1000;
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, &d) && errno == EINVAL,
+	      "ack of a seq never handed out");
+	d.ack = 0;
+	d.buf = 8;
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, &d) && errno == EFAULT,
+	      "DRAIN into a bad buffer");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, (void *)8) && errno == EFAULT,
+	      "DRAIN from a bad pointer");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STATS, (void *)8) && errno == EFAULT,
+	      "STATS to a bad pointer");
+	/* nothing was lost: the range is still there */
+	CHECK(sy_drain() == 0 && g_sy.reported, "the range after bad DRAINs");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP) == 0, "STOP");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP) && errno == ENOENT, "STOP twice");
+	CHECK(sy_start_ioctl(SY_SIGNO, 10) == 0, "START after STOP");
+	return 0;
+}
+
 /* ---- the table ----------------------------------------------------------- */
 
-#define SEM(name, ...) { name, NULL, &(const struct sem){ __VA_ARGS__ } }
+#define SEM(name, ...) \
+	{ name, NULL, &(const struct sem){ __VA_ARGS__ }, NULL }
+#define SYNC(name, ...) \
+	{ name, NULL, NULL, &(const struct sy_case){ __VA_ARGS__ } }
 
 static const struct test {
 	const char *name;
 	int (*fn)(void);
-	const struct sem *sem;	/* or a semantic test */
+	const struct sem *sem;		/* or a semantic test */
+	const struct sy_case *sync;	/* or a synchronous delivery case */
 } tests[] = {
-	{ "device-node", t_device_node, NULL },
-	{ "info", t_info, NULL },
-	{ "register-basics", t_register_basics, NULL },
+	{ "device-node", t_device_node, NULL, NULL },
+	{ "info", t_info, NULL, NULL },
+	{ "register-basics", t_register_basics, NULL, NULL },
 	SEM("munmap-whole", .change = ch_munmap_whole, .moves = true,
 	    .what = "munmap of the whole range"),
 	SEM("munmap-page-inside", .change = ch_munmap_page, .moves = true,
@@ -2095,34 +2702,57 @@ static const struct test {
 	    .what = "changes of the pages just outside"),
 	SEM("no-bump-clear-refs-soft-dirty", .change = ch_clear_refs,
 	    .what = "clear_refs soft-dirty, then writes"),
-	{ "read-queue", t_read_queue, NULL },
-	{ "read-after-unregister", t_read_after_unregister, NULL },
-	{ "read-slot-reuse-widens", t_read_slot_reuse_widens, NULL },
-	{ "read-bad-buffer-keeps-record", t_read_bad_buffer_keeps_record, NULL },
-	{ "poll-wakes", t_poll_wakes, NULL },
-	{ "read-blocks-until-event", t_read_blocks_until_event, NULL },
-	{ "register-bad-args", t_register_bad_args, NULL },
-	{ "unregister-bad-args", t_unregister_bad_args, NULL },
-	{ "bad-pointers", t_bad_pointers, NULL },
-	{ "unknown-ioctl", t_unknown_ioctl, NULL },
-	{ "read-small", t_read_small, NULL },
-	{ "mmap-bad", t_mmap_bad, NULL },
-	{ "enospc-per-descriptor", t_enospc_per_descriptor, NULL },
-	{ "enospc-global", t_enospc_global, NULL },
-	{ "max-ranges-param", t_max_ranges_param, NULL },
-	{ "fork-child-eperm", t_fork_child_eperm, NULL },
-	{ "close-frees", t_close_frees, NULL },
-	{ "exit-frees", t_exit_frees, NULL },
-	{ "sigkill-mid-register", t_sigkill_mid_register, NULL },
-	{ "stress-threads", t_stress_threads, NULL },
-	{ "unprivileged", t_unprivileged, NULL },
-	{ "open-memory-lazy", t_open_memory_lazy, NULL },
-	{ "user-limits", t_user_limits, NULL },
-	{ "user-memory-limit", t_user_memory_limit, NULL },
-	{ "other-user-cost", t_other_user_cost, NULL },
-	{ "unregister-order", t_unregister_order, NULL },
-	{ "counters-not-pinnable", t_counters_not_pinnable, NULL },
-	{ "overlap-cap", t_overlap_cap, NULL },
+	{ "read-queue", t_read_queue, NULL, NULL },
+	{ "read-after-unregister", t_read_after_unregister, NULL, NULL },
+	{ "read-slot-reuse-widens", t_read_slot_reuse_widens, NULL, NULL },
+	{ "read-bad-buffer-keeps-record", t_read_bad_buffer_keeps_record, NULL, NULL },
+	{ "poll-wakes", t_poll_wakes, NULL, NULL },
+	{ "read-blocks-until-event", t_read_blocks_until_event, NULL, NULL },
+	{ "register-bad-args", t_register_bad_args, NULL, NULL },
+	{ "unregister-bad-args", t_unregister_bad_args, NULL, NULL },
+	{ "bad-pointers", t_bad_pointers, NULL, NULL },
+	{ "unknown-ioctl", t_unknown_ioctl, NULL, NULL },
+	{ "read-small", t_read_small, NULL, NULL },
+	{ "mmap-bad", t_mmap_bad, NULL, NULL },
+	{ "enospc-per-descriptor", t_enospc_per_descriptor, NULL, NULL },
+	{ "enospc-global", t_enospc_global, NULL, NULL },
+	{ "max-ranges-param", t_max_ranges_param, NULL, NULL },
+	{ "fork-child-eperm", t_fork_child_eperm, NULL, NULL },
+	{ "close-frees", t_close_frees, NULL, NULL },
+	{ "exit-frees", t_exit_frees, NULL, NULL },
+	{ "sigkill-mid-register", t_sigkill_mid_register, NULL, NULL },
+	{ "stress-threads", t_stress_threads, NULL, NULL },
+	{ "unprivileged", t_unprivileged, NULL, NULL },
+	{ "open-memory-lazy", t_open_memory_lazy, NULL, NULL },
+	{ "user-limits", t_user_limits, NULL, NULL },
+	{ "user-memory-limit", t_user_memory_limit, NULL, NULL },
+	{ "other-user-cost", t_other_user_cost, NULL, NULL },
+	{ "unregister-order", t_unregister_order, NULL, NULL },
+	{ "counters-not-pinnable", t_counters_not_pinnable, NULL, NULL },
+	{ "overlap-cap", t_overlap_cap, NULL, NULL },
+	SYNC("sync-munmap", sy_ch_munmap, true, true, "munmap"),
+	SYNC("sync-raw-munmap", sy_ch_raw_munmap, true, true,
+	     "syscall(SYS_munmap)"),
+	SYNC("sync-madvise-dontneed", sy_ch_dontneed, true, true,
+	     "MADV_DONTNEED"),
+	SYNC("sync-map-fixed-over", sy_ch_map_fixed, true, true,
+	     "mmap MAP_FIXED over"),
+	SYNC("sync-mremap-fixed", sy_ch_mremap, true, true,
+	     "mremap MREMAP_FIXED"),
+	SYNC("sync-no-report-mprotect", sy_ch_mprotect, true, false,
+	     "mprotect"),
+	SYNC("sync-no-report-unpinned", sy_ch_munmap, false, false,
+	     "munmap of memory never pinned"),
+	{ "sync-other-thread-held", t_sync_other_thread_held, NULL, NULL },
+	{ "sync-blocked-signal", t_sync_blocked_signal, NULL, NULL },
+	{ "sync-gate-timeout", t_sync_gate_timeout, NULL, NULL },
+	{ "sync-io-uring-madvise", t_sync_io_uring_madvise, NULL, NULL },
+	{ "sync-handler-reentered", t_sync_handler_reentered, NULL, NULL },
+	{ "sync-fork-child", t_sync_fork_child, NULL, NULL },
+	{ "sync-exit-while-held", t_sync_exit_while_held, NULL, NULL },
+	{ "sync-sigkill-while-held", t_sync_sigkill_while_held, NULL, NULL },
+	{ "sync-close-lets-go", t_sync_close_lets_go, NULL, NULL },
+	{ "sync-bad-args", t_sync_bad_args, NULL, NULL },
 };
 
 #define NTESTS (sizeof(tests) / sizeof(tests[0]))
@@ -2147,7 +2777,8 @@ static int run_one(const struct test *t)
 	pid = fork();
 	if (pid == 0) {
 		alarm(300);
-		_exit(t->sem ? semantic(t->sem) : t->fn());
+		_exit(t->sem ? semantic(t->sem) :
+		      t->sync ? sy_order(t->sync) : t->fn());
 	}
 	if (pid < 0 || waitpid(pid, &status, 0) != pid)
 		rc = 1;
