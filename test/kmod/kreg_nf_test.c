@@ -2056,6 +2056,7 @@ static struct {
 	volatile int reported, reported2;
 	volatile int handler_runs;
 	int delay_ms;			/* the handler sleeps first */
+	int disp_delay_ms;		/* the dispatcher sleeps first */
 	bool close_in_handler;		/* the handler closes fd instead */
 	bool exit_in_handler;		/* the handler ends the process */
 	char *inner;			/* the handler unmaps it (reentry) */
@@ -2126,8 +2127,10 @@ static void *sy_dispatcher(void *a)
 	if (ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DISPATCHER))
 		return (void *)1;
 	while (!g_sy.disp_stop)
-		if (poll(&pfd, 1, 20) > 0 && (pfd.revents & POLLIN))
+		if (poll(&pfd, 1, 20) > 0 && (pfd.revents & POLLIN)) {
+			usleep(g_sy.disp_delay_ms * 1000);
 			sy_drain();
+		}
 	return NULL;
 }
 
@@ -2405,6 +2408,7 @@ static int t_sync_io_uring_madvise(void)
 	rc = sy_setup(SY_SIGNO, 10000, true, &p);
 	if (rc)
 		return rc;
+	g_sy.disp_delay_ms = 100;	/* the submitter would see its CQE first */
 	sqe = io_uring_get_sqe(&g_ring);
 	CHECK(sqe, "io_uring_get_sqe");
 	io_uring_prep_madvise(sqe, p, LEN, MADV_DONTNEED);
