@@ -27,6 +27,7 @@
  */
 #include "backend.h"
 #include "dispatch.h"
+#include "sync_delivery.h"
 #include "thread.h"
 
 #include "kmod/uapi/kreg_notifier.h"
@@ -141,6 +142,7 @@ public:
         auto fail = [&](kreg_reason_t why, const std::string &text) {
             err->reason = why;
             err->text   = text;
+            sync_stop();
             close_all();
             return false;
         };
@@ -188,6 +190,18 @@ public:
         retained_seq_.clear();
         plain_      = opts.mode == KREG_MODE_PLAIN;
 
+        if (opts.sync != KREG_SYNC_NO) {
+            std::string why;
+            if (sync_start(fd_, opts, &why)) {
+                sync_signal_ = opts.sync_signal;
+            } else if (opts.sync == KREG_SYNC_YES) {
+                return fail(KREG_REASON_OTHER, "UCX_KREG_SYNC=y: " + why);
+            } else {
+                ucs_diag("kreg: no synchronous delivery (%s): UCX's own caches "
+                         "keep UCM's hooks", why.c_str());
+            }
+        }
+
         wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (wake_fd_ < 0) {
             return fail(KREG_REASON_OTHER, std::string("eventfd: ") + strerror(errno));
@@ -205,6 +219,8 @@ public:
 
     void stop() override
     {
+        /* before the reader goes: held threads are let go by the module */
+        sync_stop();
         stop_reader();
         std::vector<page_range> all;
         {
@@ -333,6 +349,7 @@ public:
 
     void forget_after_fork() override
     {
+        sync_forget_after_fork();
         /* VM_DONTCOPY: the child has nothing mapped there; zero pages make
          * every inherited watch read 0, never a snapshot */
         if (counters_ != nullptr) {
@@ -365,11 +382,14 @@ public:
 
     void query(kreg_caps_t *caps) const override
     {
-        caps->max_ranges = max_ranges_;
+        caps->max_ranges    = max_ranges_;
+        caps->sync_delivery = sync_active();
+        caps->sync_signal   = caps->sync_delivery ? sync_signal_ : 0;
     }
 
     void add_stats(kreg_stats_t *stats) const override
     {
+        sync_add_stats(stats);
         stats->events[KREG_EV_NOTIFY] += notified_.load();
         stats->dispatched += notified_.load();
         std::lock_guard<std::mutex> guard(lock_);
@@ -397,6 +417,8 @@ private:
 
     void read_loop()
     {
+        /* never held by the module: it reports what held threads wait for */
+        sync_attach_dispatcher();
         struct kreg_nf_event ev[64];
         struct pollfd pfd[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
         for (;;) {
@@ -408,6 +430,7 @@ private:
                 return;
             }
             reading_.store(1);
+            sync_drain();
             ssize_t len;
             while ((len = read(fd_, ev, sizeof(ev))) > 0) {
                 const size_t n = static_cast<size_t>(len) / sizeof(ev[0]);
@@ -518,6 +541,7 @@ private:
     size_t                   counters_size_ = 0;
     unsigned long            max_ranges_ = 0;
     bool                     plain_ = false;
+    int                      sync_signal_ = 0;
     pthread_t                reader_{};
     bool                     reader_running_ = false;
 

@@ -26,6 +26,13 @@ const char *kreg_shared_names[] = {
     [KREG_SHARED_LAST]     = NULL
 };
 
+const char *kreg_sync_names[] = {
+    [KREG_SYNC_AUTO] = "auto",
+    [KREG_SYNC_YES]  = "y",
+    [KREG_SYNC_NO]   = "n",
+    [KREG_SYNC_LAST] = NULL
+};
+
 static ucs_config_field_t kreg_options_table[] = {
     {"ENABLE", "y",
      "Watch registered memory through the kernel. With 'n' the source never\n"
@@ -83,6 +90,39 @@ static ucs_config_field_t kreg_options_table[] = {
      "Events the userfaultfd reader queues for dispatch; past that it merges\n"
      "them into one wider range (never blocking a thread in munmap).",
      offsetof(kreg_options_t, queue_size), UCS_CONFIG_TYPE_UINT},
+
+    {"SYNC", "auto",
+     "Synchronous delivery (notifier backend only): every change of pinned\n"
+     "memory reaches UCM before the changing thread returns to user space and\n"
+     "before any other thread of the process does, so that UCX's own caches\n"
+     "(UCP's, the IB md's) are exact on every transport, UCM's hooks off.\n"
+     " auto - where the loaded module has it.\n"
+     " y    - required: without it the notifier backend does not start.\n"
+     " n    - off: only caches that check their watch (ib_regcache) are exact.",
+     offsetof(kreg_options_t, sync), UCS_CONFIG_TYPE_ENUM(kreg_sync_names)},
+
+    {"SYNC_SIGNAL", "38",
+     "The signal (a number) whose handler reports a change of pinned memory in\n"
+     "the thread that made it. A handler already installed for it is refused\n"
+     "(synchronous delivery then stays off, with the reason). 0: no signal;\n"
+     "the changing thread is held until the library's reader has reported it.",
+     offsetof(kreg_options_t, sync_signal), UCS_CONFIG_TYPE_INT},
+
+    {"SYNC_TIMEOUT", "1s",
+     "The longest a thread is held at its return to user space waiting for a\n"
+     "change of pinned memory to be reported (1ms..60s). Past it the thread\n"
+     "goes on, counted in kreg_get_stats and warned of once.",
+     offsetof(kreg_options_t, sync_timeout), UCS_CONFIG_TYPE_TIME},
+
+    {"AUTOSTART", "auto",
+     "Start when the library is loaded, so that stock UCX transports need no\n"
+     "caller of kreg_start(), where synchronous delivery can run (else nothing\n"
+     "starts and UCM's hooks stay on):\n"
+     " auto - when the library is preloaded (named in LD_PRELOAD) or loaded as\n"
+     "        UCX's plugin (libucs_kreg).\n"
+     " y    - whenever it is loaded.\n"
+     " n    - never: only kreg_start() starts it.",
+     offsetof(kreg_options_t, autostart), UCS_CONFIG_TYPE_ENUM(kreg_sync_names)},
 
     {NULL}
 };

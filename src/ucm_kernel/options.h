@@ -16,6 +16,14 @@ typedef enum {
     KREG_BACKEND_CHOICE_LAST
 } kreg_backend_choice_t;
 
+/* UCX_KREG_SYNC and UCX_KREG_AUTOSTART */
+typedef enum {
+    KREG_SYNC_AUTO = 0, /* with the notifier backend, where the module has it */
+    KREG_SYNC_YES,      /* required: the notifier backend does not start without */
+    KREG_SYNC_NO,
+    KREG_SYNC_LAST
+} kreg_sync_choice_t;
+
 /* UCX_KREG_SHARED_MEMORY */
 typedef enum {
     KREG_SHARED_UNCACHED = 0, /* uffd: page-cache memory registered uncached */
@@ -33,6 +41,11 @@ typedef struct {
     int           shared;     /* kreg_shared_policy_t */
     unsigned long max_ranges; /* disjoint watched ranges; UCS_ULUNITS_AUTO */
     unsigned      queue_size; /* events the reader queues before it merges them */
+    int           sync;       /* kreg_sync_choice_t */
+    int           sync_signal; /* the changing thread's signal (synchronous delivery) */
+    double        sync_timeout; /* seconds a held thread waits at most */
+    int           autostart;  /* kreg_sync_choice_t: start at load where
+                                 synchronous delivery runs */
 } kreg_options_t;
 
 /* The names of the enum values above, as UCX_KREG_* takes and logs them:
@@ -40,6 +53,7 @@ typedef struct {
 extern const char *kreg_backend_choice_names[];
 extern const char *kreg_mode_names[];
 extern const char *kreg_shared_names[];
+extern const char *kreg_sync_names[];
 
 /* Fills *opts from the environment. On a bad value UCS logs the error and
  * this returns it. */

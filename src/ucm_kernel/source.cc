@@ -43,6 +43,7 @@ struct source_state {
     std::atomic<int>         mode{KREG_MODE_VERIFY};
     std::atomic<int>         reason{KREG_REASON_NOT_STARTED};
     std::atomic<bool>        forked_child{false};
+    bool                     autostarted = false; /* holds one reference */
     std::atomic<bool>        exiting{false};
 };
 
@@ -156,6 +157,8 @@ void close_backend(source_state &s)
     }
 }
 
+void restart_in_child();
+
 void atfork_prepare()
 {
     source_state &s = state();
@@ -190,6 +193,12 @@ void atfork_child()
     }
     bump_generation(); /* every watch inherited from the parent is stale */
     s.life_lock.unlock();
+    /* Stock transports' caches have no caller of ours whose first call
+     * would restart the source, and UCM_EVENT_VM_UNMAPPED stays external:
+     * restart at once. glibc has reset its locks before child handlers. */
+    if (s.autostarted && s.forked_child.load()) {
+        restart_in_child();
+    }
 }
 
 /* In a forked child, the first call of any kind: the child's own source,
@@ -226,6 +235,68 @@ __attribute__((destructor)) void source_at_exit()
     state().exiting = true;
     dispatch_hold();
 }
+
+/* libucm_kernel named in LD_PRELOAD */
+bool preloaded()
+{
+    const char *p = getenv("LD_PRELOAD");
+    return (p != nullptr) && (strstr(p, "libucm_kernel") != nullptr);
+}
+
+} // namespace
+
+/* Where synchronous delivery can run (the module's device is there), start
+ * without a caller of kreg_start: UCX's own caches of stock transports are
+ * then exact. Where it cannot, nothing starts and UCM's hooks stay on: an
+ * asynchronous source would leave those caches without any timely event.
+ * One reference, held until exit. */
+bool source_autostart(bool by_plugin)
+{
+    kreg_options_t opts{};
+    if (kreg_options_read(&opts) != UCS_OK) {
+        return false; /* UCS said which variable; kreg_start says it again */
+    }
+    const bool asked = (opts.autostart == KREG_SYNC_YES) ||
+                       ((opts.autostart == KREG_SYNC_AUTO) && (by_plugin || preloaded()));
+    const bool want  = asked && opts.enable && (opts.sync != KREG_SYNC_NO) &&
+                       (opts.backend != KREG_BACKEND_CHOICE_UFFD) &&
+                       (access(KREG_NF_DEVICE, F_OK) == 0);
+    kreg_options_release(&opts);
+#ifdef HAVE_VALGRIND_VALGRIND_H
+    if (RUNNING_ON_VALGRIND) {
+        return false;
+    }
+#endif
+    source_state &s = state();
+    {
+        std::lock_guard<std::mutex> guard(s.life_lock);
+        if (s.autostarted) {
+            return true;
+        }
+    }
+    if (!want) {
+        return false;
+    }
+    if (source_start() == UCS_OK) {
+        kreg_caps_t caps;
+        source_query(&caps);
+        if (caps.sync_delivery) {
+            std::lock_guard<std::mutex> guard(s.life_lock);
+            s.autostarted = true;
+            return true;
+        }
+    }
+    source_stop();
+    return false;
+}
+
+namespace {
+
+/* At load, after g_state (a C++ object of this file, initialised in order;
+ * a constructor function could run before it). */
+struct autostart_at_load {
+    autostart_at_load() { source_autostart(false); }
+} g_autostart_at_load;
 
 } // namespace
 

@@ -8,6 +8,9 @@
 namespace kreg {
 
 ucs_status_t source_start();
+/* Starts without a caller where synchronous delivery runs and the options
+ * ask for it (UCX_KREG_AUTOSTART); true if it runs so. */
+bool source_autostart(bool by_plugin);
 void source_stop();
 
 /* The running backend, or nullptr. In a forked child the first call

@@ -148,6 +148,10 @@ typedef struct {
     int            verify_by_scan;  /* the check asks PAGEMAP_SCAN, per
                                        mapping (else UFFDIO_WRITEPROTECT)   */
     int            shared_watched;  /* UCX_KREG_SHARED_MEMORY=watch         */
+    /* notifier only */
+    int            sync_delivery;   /* synchronous delivery runs: UCX's own
+                                       caches are exact (UCX_KREG_SYNC)     */
+    int            sync_signal;     /* its signal, 0 for none               */
 } kreg_caps_t;
 
 typedef struct {
@@ -168,6 +172,21 @@ typedef struct {
     uint64_t dispatch_latency_max_ns;  /* read -> dispatched, per batch     */
     uint64_t dispatch_latency_sum_ns;
     uint64_t dispatch_batches;
+    struct {                           /* notifier: synchronous delivery     */
+        uint64_t queued;               /* changes of pinned pages queued     */
+        uint64_t signalled;            /* the changing thread signalled      */
+        uint64_t self_held;            /* the changing thread held instead
+                                          (it blocks the signal)            */
+        uint64_t held;                 /* other threads held                 */
+        uint64_t held_waits;           /* holds that had to sleep            */
+        uint64_t held_timeouts;        /* holds that gave up: a window       */
+        uint64_t hold_nomem;           /* threads not held (no memory)       */
+        uint64_t late;                 /* changed by no thread of ours (io_uring
+                                          worker, another process, kernel
+                                          thread): reported by the reader   */
+        uint64_t unpinned;             /* changes of memory never pinned     */
+        uint64_t drained;              /* ranges reported to UCM             */
+    } sync;
 } kreg_stats_t;
 
 /* Reference counted. The first call chooses and starts a backend and

@@ -7,7 +7,9 @@
 #include "kreg_config.h"
 #include "kreg_test.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <linux/userfaultfd.h>
@@ -410,6 +412,167 @@ TEST_F(Fallbacks, UnderValgrindFallsBack)
     EXPECT_EQ(0, st) << text;
     EXPECT_NE(std::string::npos, text.find("running under valgrind")) << text;
     EXPECT_NE(std::string::npos, text.find("[  PASSED  ] 1 test")) << text;
+}
+
+} // namespace
+
+/* ---- synchronous delivery (the notifier) and the start at load ----------- */
+
+namespace {
+
+TEST_F(Fallbacks, BadSyncValuesAreRefusedClearly)
+{
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
+    expect_bad_value_refused("SYNC", "always");
+    expect_bad_value_refused("AUTOSTART", "sometimes");
+}
+
+TEST(Sync, RunsWithTheNotifierUnlessTurnedOff)
+{
+    if (!notifier_module_loaded()) {
+        GTEST_SKIP() << "no /dev/kreg_notifier here: synchronous delivery needs "
+                        "the module (the VM suite loads it); "
+                        "Autostart.NothingStartsWithoutTheModule covers the host";
+    }
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
+    auto r = run_child([] {
+        kreg_caps_t caps;
+        if (kreg_start() != UCS_OK) {
+            return child_failure(50, "kreg_start failed");
+        }
+        kreg_query(&caps);
+        kreg_stop();
+        if (!caps.sync_delivery || (caps.sync_signal != 38)) {
+            return child_failure(51, "sync_delivery %d, signal %d: want 1, 38",
+                                 caps.sync_delivery, caps.sync_signal);
+        }
+        const start_outcome o = start_with({{"SYNC", "n"}});
+        kreg_stop();
+        if ((o.status != UCS_OK) || o.caps.sync_delivery) {
+            return child_failure(52, "UCX_KREG_SYNC=n: status %s, sync_delivery %d",
+                                 ucs_status_string(o.status), o.caps.sync_delivery);
+        }
+        return 0;
+    });
+    EXPECT_EQ(0, r.status) << r.output;
+}
+
+void other_handler(int) {}
+
+/* A handler of someone else's on the signal is never replaced: with
+ * UCX_KREG_SYNC=auto the notifier runs without synchronous delivery, with
+ * =y it does not start; both say which signal and why. */
+TEST(Sync, SignalWithAnotherHandlerIsRefusedClearly)
+{
+    if (!notifier_module_loaded()) {
+        GTEST_SKIP() << "no /dev/kreg_notifier here (the VM suite loads the "
+                        "module); kreg_nf_test's sync-* tests cover the "
+                        "module's side";
+    }
+    KREG_SKIP_FORKED_CHILD_UNDER_SANITIZER();
+    auto r = run_child([] {
+        struct sigaction sa = {};
+        sa.sa_handler = other_handler;
+        sigaction(40, &sa, nullptr);
+        setenv("UCX_LOG_LEVEL", "diag", 1);
+        start_outcome o = start_with({{"SYNC_SIGNAL", "40"}, {"SYNC", "auto"}});
+        kreg_stop();
+        if ((o.status != UCS_OK) || o.caps.sync_delivery) {
+            return child_failure(60, "SYNC=auto with a foreign handler: status %s, "
+                                 "sync_delivery %d", ucs_status_string(o.status),
+                                 o.caps.sync_delivery);
+        }
+        o = start_with({{"BACKEND", "notifier"}, {"SYNC", "y"}});
+        kreg_stop();
+        if (o.status == UCS_OK) {
+            return child_failure(61, "SYNC=y started with a foreign handler");
+        }
+        struct sigaction now = {};
+        sigaction(40, nullptr, &now);
+        if (now.sa_handler != other_handler) {
+            return child_failure(62, "the foreign handler was replaced");
+        }
+        return 0;
+    });
+    EXPECT_EQ(0, r.status) << r.output;
+    EXPECT_NE(std::string::npos, r.output.find("signal 40 (UCX_KREG_SYNC_SIGNAL) "
+                                               "already has a handler")) << r.output;
+}
+
+/* UCX_KREG_AUTOSTART: this binary again, with libucm_kernel preloaded; it
+ * prints what kreg_query says before anything called kreg_start. */
+TEST(Autostart, Child)
+{
+    if (getenv("KREG_TEST_AUTOSTART_CHILD") == nullptr) {
+        GTEST_SKIP() << "run by Autostart.* in a process of its own";
+    }
+    kreg_caps_t caps;
+    kreg_query(&caps);
+    printf("AUTOSTART running=%d sync=%d external=%d\n", caps.running,
+           caps.sync_delivery, caps.external_event);
+}
+
+std::string autostart_child(const char *env)
+{
+    Dl_info info = {};
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if ((n <= 0) || !dladdr(reinterpret_cast<void *>(&kreg_query), &info)) {
+        return "cannot find the test binary or libucm_kernel";
+    }
+    exe[n] = '\0';
+    std::string cmd = std::string("KREG_TEST_AUTOSTART_CHILD=1 LD_PRELOAD=") +
+                      info.dli_fname + " " + env + " " + exe +
+                      " --gtest_filter=Autostart.Child 2>&1";
+    FILE *out = popen(cmd.c_str(), "r");
+    std::string text;
+    char buf[512];
+    while ((out != nullptr) && (fgets(buf, sizeof(buf), out) != nullptr)) {
+        text += buf;
+    }
+    if (out != nullptr) {
+        pclose(out);
+    }
+    return text;
+}
+
+TEST(Autostart, NothingStartsWithoutTheModule)
+{
+    if (notifier_module_loaded()) {
+        GTEST_SKIP() << "the kreg_notifier module is loaded here; "
+                        "Autostart.PreloadedStartsWithTheModule covers this";
+    }
+#ifdef KREG_SANITIZER
+    GTEST_SKIP() << "a preloaded library under the " KREG_SANITIZER " sanitizer "
+                    "must come after its runtime; the plain build runs this test";
+#endif
+    /* an asynchronous source would leave stock caches with no hooks and no
+     * timely event: UCM's hooks must stay */
+    const std::string out = autostart_child("UCX_KREG_AUTOSTART=y");
+    EXPECT_NE(std::string::npos, out.find("AUTOSTART running=0 sync=0 external=0"))
+        << out;
+}
+
+TEST(Autostart, PreloadedStartsWithTheModule)
+{
+    if (!notifier_module_loaded()) {
+        GTEST_SKIP() << "no /dev/kreg_notifier here (the VM suite loads the "
+                        "module); Autostart.NothingStartsWithoutTheModule covers "
+                        "the host";
+    }
+#ifdef KREG_SANITIZER
+    GTEST_SKIP() << "a preloaded library under the " KREG_SANITIZER " sanitizer "
+                    "must come after its runtime; the plain build runs this test";
+#endif
+    std::string out = autostart_child("");
+    EXPECT_NE(std::string::npos, out.find("AUTOSTART running=1 sync=1 external=1"))
+        << out;
+    out = autostart_child("UCX_KREG_AUTOSTART=n");
+    EXPECT_NE(std::string::npos, out.find("AUTOSTART running=0 sync=0 external=0"))
+        << out;
+    out = autostart_child("UCX_KREG_SYNC=n");
+    EXPECT_NE(std::string::npos, out.find("AUTOSTART running=0 sync=0 external=0"))
+        << out;
 }
 
 } // namespace

@@ -1,0 +1,231 @@
+#include "sync_delivery.h"
+
+#include "dispatch.h"
+#include "source.h"
+
+#include "kmod/uapi/kreg_notifier.h"
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <sys/ioctl.h>
+
+#include <ucs/debug/log_def.h>
+
+namespace kreg {
+namespace {
+
+/* Read by the handler: -1 while nothing is armed. */
+std::atomic<int> g_fd{-1};
+/* Handlers between their load of g_fd and their last ioctl: sync_stop()
+ * waits for them before the descriptor may be closed (and its number
+ * reused). seq_cst with g_fd, a Dekker pair like dispatch.cc's. */
+std::atomic<uint32_t> g_in_handler{0};
+int g_signo = 0;
+std::atomic<uint64_t> g_drained{0};
+/* what the module counted at the last stop (its counts restart at start) */
+kreg_nf_sync_stats g_totals{};
+std::atomic<unsigned> g_warned{0};
+
+/* Drains every queued range into UCM, acknowledging each batch once it is
+ * reported; returns the ranges dispatched. Async-signal-safe but for
+ * UCM's own locks, which UCM's hooks take at the same places. */
+uint64_t drain_all(int fd)
+{
+    struct kreg_nf_range r[32];
+    uint64_t ack = 0, n = 0;
+    for (;;) {
+        struct kreg_nf_sync_drain d = {};
+        d.ack = ack;
+        d.buf = reinterpret_cast<uintptr_t>(r);
+        d.max = sizeof(r) / sizeof(r[0]);
+        if (ioctl(fd, KREG_NF_IOC_SYNC_DRAIN, &d) != 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            break; /* ENOENT: stopped meanwhile */
+        }
+        if (d.count == 0) {
+            break;
+        }
+        /* exit: UCX's destructors run; dispatch is held for good */
+        if (!source_exiting()) {
+            for (uint32_t i = 0; i < d.count; ++i) {
+                dispatch(r[i].start, r[i].end);
+            }
+        }
+        n  += d.count;
+        ack = d.seq;
+    }
+    return n;
+}
+
+void handler(int, siginfo_t *, void *)
+{
+    const int saved = errno;
+    g_in_handler.fetch_add(1);
+    const int fd = g_fd.load();
+    if (fd >= 0) {
+        g_drained.fetch_add(drain_all(fd), std::memory_order_relaxed);
+    }
+    g_in_handler.fetch_sub(1);
+    errno = saved;
+}
+
+bool is_ours(const struct sigaction &sa)
+{
+    return (sa.sa_flags & SA_SIGINFO) && (sa.sa_sigaction == handler);
+}
+
+/* What the module counted since its start, plus earlier runs. */
+kreg_nf_sync_stats module_stats(int fd)
+{
+    kreg_nf_sync_stats st = {};
+    if ((fd < 0) || (ioctl(fd, KREG_NF_IOC_SYNC_STATS, &st) != 0)) {
+        st = {};
+    }
+    const uint64_t *t = reinterpret_cast<const uint64_t *>(&g_totals);
+    uint64_t *s = reinterpret_cast<uint64_t *>(&st);
+    for (size_t i = 0; i < sizeof(st) / sizeof(uint64_t); ++i) {
+        s[i] += t[i];
+    }
+    return st;
+}
+
+} // namespace
+
+bool sync_start(int fd, const kreg_options_t &opts, std::string *why)
+{
+    const int signo = opts.sync_signal;
+    struct sigaction old = {};
+    if ((signo < 0) || (signo >= NSIG) || (signo == SIGKILL) || (signo == SIGSTOP) ||
+        ((signo != 0) && (sigaction(signo, nullptr, &old) != 0))) {
+        *why = "UCX_KREG_SYNC_SIGNAL=" + std::to_string(signo) + " is not a signal";
+        return false;
+    }
+    if ((signo != 0) && !is_ours(old)) {
+        if ((old.sa_handler != SIG_DFL) || (old.sa_flags & SA_SIGINFO)) {
+            char text[160];
+            snprintf(text, sizeof(text), "signal %d (UCX_KREG_SYNC_SIGNAL) already "
+                     "has a handler (%p): choose a free signal", signo,
+                     (old.sa_flags & SA_SIGINFO) ? (void *)old.sa_sigaction :
+                                                   (void *)old.sa_handler);
+            *why = text;
+            return false;
+        }
+        struct sigaction sa = {};
+        sa.sa_sigaction = handler;
+        sa.sa_flags     = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(signo, &sa, nullptr) != 0) {
+            *why = std::string("sigaction: ") + strerror(errno);
+            return false;
+        }
+    }
+    const double ms = opts.sync_timeout * 1e3;
+    if (!(ms >= 1) || (ms > 60000)) {
+        *why = "UCX_KREG_SYNC_TIMEOUT=" + std::to_string(opts.sync_timeout) +
+               "s is not within 1ms..60s";
+        return false;
+    }
+    struct kreg_nf_sync_start st = {};
+    st.signo           = static_cast<uint32_t>(signo);
+    st.gate_timeout_ms = static_cast<uint32_t>(ms);
+    if (ioctl(fd, KREG_NF_IOC_SYNC_START, &st) != 0) {
+        *why = (errno == ENOTTY) ?
+               std::string("the loaded kreg_notifier module has no synchronous "
+                           "delivery (an older build: load this one's)") :
+               std::string("KREG_NF_IOC_SYNC_START: ") + strerror(errno);
+        return false;
+    }
+    g_signo = signo;
+    g_fd.store(fd);
+    return true;
+}
+
+void sync_stop()
+{
+    const int fd = g_fd.exchange(-1);
+    if (fd < 0) {
+        return;
+    }
+    /* no handler may use fd once we return: it is closed next */
+    while (g_in_handler.load() != 0) {
+        sched_yield();
+    }
+    g_totals = module_stats(fd);
+    (void)ioctl(fd, KREG_NF_IOC_SYNC_STOP);
+}
+
+void sync_attach_dispatcher()
+{
+    const int fd = g_fd.load();
+    if ((fd >= 0) && (ioctl(fd, KREG_NF_IOC_SYNC_DISPATCHER) != 0)) {
+        ucs_warn("kreg: KREG_NF_IOC_SYNC_DISPATCHER failed: %m");
+    }
+}
+
+void sync_drain()
+{
+    const int fd = g_fd.load();
+    if (fd < 0) {
+        return;
+    }
+    g_drained.fetch_add(drain_all(fd), std::memory_order_relaxed);
+    /* What no handler carried: said once, counted in kreg_get_stats. */
+    const kreg_nf_sync_stats st = module_stats(fd);
+    struct once {
+        uint64_t    count;
+        unsigned    bit;
+        bool        warn;
+        const char *text;
+    } said[] = {
+        {st.late, 1, false, "changed by an io_uring worker, another process or "
+         "a kernel thread: reported by the reader after the change; the "
+         "process's threads were held until then"},
+        {st.self_gated, 2, false, "changed by a thread that blocks "
+         "UCX_KREG_SYNC_SIGNAL: that thread was held until the reader "
+         "reported it"},
+        {st.gate_timeouts, 4, true, "a thread was held for UCX_KREG_SYNC_TIMEOUT "
+         "and let go before the change was reported: a registration cache "
+         "could have hit stale pages meanwhile"},
+    };
+    for (const once &o : said) {
+        if ((o.count != 0) && !(g_warned.fetch_or(o.bit) & o.bit) &&
+            !source_exiting()) {
+            ucs_log(o.warn ? UCS_LOG_LEVEL_WARN : UCS_LOG_LEVEL_DIAG,
+                    "kreg: registered memory %s (said once; kreg_get_stats "
+                    "counts each)", o.text);
+        }
+    }
+}
+
+void sync_forget_after_fork()
+{
+    /* the child's first call arms its own descriptor */
+    g_fd.store(-1);
+    g_in_handler.store(0);
+}
+
+bool sync_active()
+{
+    return g_fd.load(std::memory_order_relaxed) >= 0;
+}
+
+void sync_add_stats(kreg_stats_t *stats)
+{
+    const kreg_nf_sync_stats st = module_stats(g_fd.load());
+    stats->sync.queued        += st.queued;
+    stats->sync.signalled     += st.signalled;
+    stats->sync.self_held     += st.self_gated;
+    stats->sync.held          += st.gates;
+    stats->sync.held_waits    += st.gate_waits;
+    stats->sync.held_timeouts += st.gate_timeouts;
+    stats->sync.hold_nomem    += st.gate_nomem;
+    stats->sync.late          += st.late;
+    stats->sync.unpinned      += st.unpinned;
+    stats->sync.drained       += g_drained.load(std::memory_order_relaxed);
+}
+
+} // namespace kreg
