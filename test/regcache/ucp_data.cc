@@ -2,7 +2,8 @@
  * UCP-level data test over real RDMA (Soft-RoCE in the VM): two workers of
  * one context in one process, connected by their worker addresses.
  *
- *   ucp_data [--component LIB] [--rounds N] [--no-data] [--no-remap]
+ *   ucp_data [--component LIB|plugin|sync] [--rounds N] [--race-rounds N]
+ *            [--no-data] [--no-remap]
  *   ucp_data [--component LIB] --churn N [--size S] [--alloc malloc|mmap|thp]
  *            [--warmup W] [--fork-init]
  *
@@ -11,6 +12,13 @@
  * be stale. --component plugin: UCX (1.22) loads the component from
  * UCX_PLUGIN_PATH; after ucp_init the component must be registered, then
  * likewise. Without it UCX runs stock and the stale count is only printed.
+ * --component sync: stock transports and UCX's own caches, libucm_kernel
+ * preloaded (LD_PRELOAD=libucm_kernel.so) and running synchronous delivery
+ * (kreg_query); then remap rounds must never be stale either, and the
+ * module's counts are printed (SYNC ...). --component kreg-start, its
+ * control: kreg_start() before ucp_init with UCX_KREG_SYNC=n (UCM's hooks
+ * off for unmaps, nothing synchronous): stale rounds are printed, not
+ * failed.
  * UCX_TLS chooses the transports (rc_kreg,ud_kreg or rc_verbs,ud_verbs).
  *
  * First it prints the endpoint's tag_send thresholds (ucp_ep_print_info):
@@ -22,8 +30,10 @@
  * 2. remap: a 1 MiB mmap'd buffer is sent (rendezvous: registered, cached),
  *    unmapped with a raw munmap syscall, mapped again at the same address
  *    with new bytes (by this thread, or by another), and sent again; the
- *    receiver must get the new bytes. Prints per thread case
- *      <kernel|hooks>: ucp remap <same|other> thread: S of N rounds stale (C corrupt)
+ *    receiver must get the new bytes. --race-rounds N more rounds of the
+ *    address-reuse race: another thread unmaps while this one spins mapping
+ *    the address, then fills and sends. Prints per case
+ *      <kernel|hooks|sync>: ucp remap <same|other|race> thread: S of N rounds stale (C corrupt)
  *
  * 3. --churn N (a benchmark, instead of 1 and 2): N timed rounds, after W
  *    untimed ones (default 5), of: allocate S bytes (default 1 MiB) with
@@ -73,6 +83,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -360,7 +371,42 @@ struct remap_result {
     int stale = 0, corrupt = 0, failed = 0, retries = 0;
 };
 
-remap_result remap_rounds(peers &p, int rounds, bool other_thread)
+/* Who remaps in a round: this thread; another thread (joined before the
+ * send); or the address-reuse race: another thread unmaps while this one
+ * spins mapping the same address, then fills and sends at once (the window
+ * that a signal to the unmapping thread alone leaves open). */
+enum remap_mode { REMAP_SAME, REMAP_OTHER, REMAP_RACE, REMAP_LAST };
+const char *const remap_mode_names[] = {"same", "other", "race"};
+
+/* REMAP_RACE: 1 once this thread has mapped buf again after *unmapper
+ * unmapped it; 0 if the address went elsewhere. */
+int race_remap(void *buf, size_t len, std::thread *unmapper)
+{
+    std::atomic<bool> go{false};
+    *unmapper = std::thread([&go, buf, len] {
+        while (!go.load()) {
+        }
+        raw_munmap(buf, len);
+    });
+    go = true;
+    for (long spin = 0; spin < 100000000L; ++spin) {
+        long r = syscall(SYS_mmap, buf, len, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0L);
+        if (r == reinterpret_cast<long>(buf)) {
+            return 1;
+        }
+        if (r != -1) {
+            syscall(SYS_munmap, reinterpret_cast<void*>(r), len);
+            return 0;
+        }
+        if (errno != EEXIST) {
+            return 0;
+        }
+    }
+    return 0;
+}
+
+remap_result remap_rounds(peers &p, int rounds, remap_mode mode)
 {
     const size_t len = 1 << 20;
     remap_result r;
@@ -394,13 +440,19 @@ remap_result remap_rounds(peers &p, int rounds, bool other_thread)
         }
 
         bool mapped;
-        if (other_thread) {
+        std::thread unmapper;
+        if (mode == REMAP_OTHER) {
             std::thread th([&] { mapped = raw_remap(buf, len); });
             th.join();
+        } else if (mode == REMAP_RACE) {
+            mapped = race_remap(buf, len, &unmapper);
         } else {
             mapped = raw_remap(buf, len);
         }
         if (!mapped) {
+            if (unmapper.joinable()) {
+                unmapper.join();
+            }
             /* someone else took the address: not a round, try again */
             ++r.retries;
             --round;
@@ -420,6 +472,9 @@ remap_result remap_rounds(peers &p, int rounds, bool other_thread)
             ++r.stale;
         } else {
             ++r.corrupt;
+        }
+        if (unmapper.joinable()) {
+            unmapper.join();
         }
         munmap(buf, len);
     }
@@ -685,12 +740,48 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
     return r;
 }
 
+/* --component sync: libucm_kernel preloaded, found by name (this program
+ * does not link it) */
+bool sync_delivery_running(kreg_caps_t *caps)
+{
+    auto query = reinterpret_cast<void (*)(kreg_caps_t*)>(
+            dlsym(RTLD_DEFAULT, "kreg_query"));
+    *caps = kreg_caps_t{};
+    if (query == nullptr) {
+        std::printf("error: kreg_query not found: preload libucm_kernel.so\n");
+        return false;
+    }
+    query(caps);
+    return caps->running && caps->sync_delivery;
+}
+
+void print_sync_stats()
+{
+    auto get = reinterpret_cast<void (*)(kreg_stats_t*)>(
+            dlsym(RTLD_DEFAULT, "kreg_get_stats"));
+    kreg_stats_t st{};
+    if (get == nullptr) {
+        return;
+    }
+    get(&st);
+    std::printf("SYNC queued=%lu signalled=%lu self_held=%lu held=%lu "
+                "held_waits=%lu held_timeouts=%lu hold_nomem=%lu late=%lu "
+                "unpinned=%lu drained=%lu\n",
+                (unsigned long)st.sync.queued, (unsigned long)st.sync.signalled,
+                (unsigned long)st.sync.self_held, (unsigned long)st.sync.held,
+                (unsigned long)st.sync.held_waits,
+                (unsigned long)st.sync.held_timeouts,
+                (unsigned long)st.sync.hold_nomem, (unsigned long)st.sync.late,
+                (unsigned long)st.sync.unpinned, (unsigned long)st.sync.drained);
+}
+
 } // namespace
 
 int main(int argc, char **argv)
 {
     const char *component = nullptr;
     int rounds = 20;
+    int race_rounds = 0;
     bool data = true, remaps = true;
     int churn = -1, warmup = 5;
     bool bad = false;
@@ -704,6 +795,8 @@ int main(int argc, char **argv)
             component = argv[++i];
         } else if ((a == "--rounds") && (i + 1 < argc)) {
             rounds = std::atoi(argv[++i]);
+        } else if ((a == "--race-rounds") && (i + 1 < argc)) {
+            race_rounds = std::atoi(argv[++i]);
         } else if (a == "--no-data") {
             data = false;
         } else if (a == "--no-remap") {
@@ -724,8 +817,8 @@ int main(int argc, char **argv)
     }
     if (bad || (churn < -1) || (warmup < 0) || (size < 8) || (size % 8 != 0) ||
         ((alloc != "mmap") && (alloc != "malloc") && (alloc != "thp"))) {
-        std::fprintf(stderr, "usage: ucp_data [--component LIB] "
-                     "[--rounds N] [--no-data] [--no-remap]\n"
+        std::fprintf(stderr, "usage: ucp_data [--component LIB|plugin|sync] "
+                     "[--rounds N] [--race-rounds N] [--no-data] [--no-remap]\n"
                      "       ucp_data [--component LIB] --churn N [--size S "
                      "(a multiple of 8)] [--alloc malloc|mmap|thp] [--warmup W]\n"
                      "                [--fork-init]\n");
@@ -739,8 +832,38 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *label = "hooks";
+    std::string label_what = "ib_regcache";
     const bool plugin = (component != nullptr) && !std::strcmp(component, "plugin");
-    if (plugin) {
+    const bool sync   = (component != nullptr) && !std::strcmp(component, "sync");
+    const bool control = (component != nullptr) && !std::strcmp(component, "kreg-start");
+    if (control) {
+        /* the control of --component sync: the source runs (UCM's hooks off
+         * for unmaps) and UCX_KREG_SYNC=n: nothing tells UCX's own caches */
+        auto start = reinterpret_cast<ucs_status_t (*)(void)>(
+                dlsym(RTLD_DEFAULT, "kreg_start"));
+        kreg_caps_t caps;
+        if ((start == nullptr) || (start() != UCS_OK) ||
+            sync_delivery_running(&caps) || !caps.running) {
+            std::printf("FAIL: --component kreg-start: kreg_start() must run "
+                        "without synchronous delivery (preload libucm_kernel.so, "
+                        "UCX_KREG_SYNC=n)\n");
+            return 1;
+        }
+        label     = "async";
+        component = nullptr; /* stale rounds are what it shows */
+    } else if (sync) {
+        /* stock transports, UCX's own caches, libucm_kernel preloaded */
+        kreg_caps_t caps;
+        if (!sync_delivery_running(&caps)) {
+            std::printf("FAIL: --component sync: libucm_kernel is not running "
+                        "synchronous delivery (running %d, backend %d, reason "
+                        "%d)\n", caps.running, caps.backend, caps.reason);
+            return 1;
+        }
+        std::printf("info: synchronous delivery, signal %d\n", caps.sync_signal);
+        label      = "sync";
+        label_what = "UCX's own cache with synchronous delivery";
+    } else if (plugin) {
         const char *path = getenv("UCX_PLUGIN_PATH");
         if ((path == nullptr) || (*path == '\0')) {
             std::printf("FAIL: --component plugin without UCX_PLUGIN_PATH\n");
@@ -798,19 +921,26 @@ int main(int argc, char **argv)
         data_tests(p);
     }
     if (remaps) {
-        for (int other = 0; other < 2; ++other) {
-            remap_result r = remap_rounds(p, rounds, other);
+        for (int m = 0; m < REMAP_LAST; ++m) {
+            const char *mode = remap_mode_names[m];
+            const int   n    = (m == REMAP_RACE) ? race_rounds : rounds;
+            if (n <= 0) {
+                continue;
+            }
+            remap_result r = remap_rounds(p, n, static_cast<remap_mode>(m));
             std::printf("%s: ucp remap %s thread: %d of %d rounds stale "
                         "(%d corrupt, %d failed, %d retried)\n", label,
-                        other ? "other" : "same", r.stale, rounds, r.corrupt,
-                        r.failed, r.retries);
-            check(r.failed == 0, std::string("remap rounds ran (") +
-                  (other ? "other" : "same") + " thread)");
+                        mode, r.stale, n, r.corrupt, r.failed, r.retries);
+            check(r.failed == 0, std::string("remap rounds ran (") + mode +
+                  " thread)");
             if (component != nullptr) {
                 check((r.stale == 0) && (r.corrupt == 0),
-                      std::string("no stale data through ib_regcache (") +
-                      (other ? "other" : "same") + " thread)");
+                      std::string("no stale data through ") + label_what +
+                      " (" + mode + " thread)");
             }
+        }
+        if (sync) {
+            print_sync_stats();
         }
     }
 
