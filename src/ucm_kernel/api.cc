@@ -255,6 +255,18 @@ ucs_status_t kreg_rcache_get_again(struct ucs_rcache *rcache,
                                    region_p);
 }
 
+int kreg_autostart(void)
+{
+    return kreg::source_autostart(true) ? 1 : 0;
+}
+
+int kreg_sync_active(void)
+{
+    kreg_caps_t caps;
+    kreg_query(&caps);
+    return caps.sync_delivery;
+}
+
 void kreg_sync(void)
 {
     if (backend *b = source_backend()) {

@@ -236,11 +236,13 @@ __attribute__((destructor)) void source_at_exit()
     dispatch_hold();
 }
 
-/* libucm_kernel named in LD_PRELOAD */
+/* libucm_kernel named in LD_PRELOAD, or the component that needs it (UCX
+ * 1.13-1.21 load it so: kreg-run) */
 bool preloaded()
 {
     const char *p = getenv("LD_PRELOAD");
-    return (p != nullptr) && (strstr(p, "libucm_kernel") != nullptr);
+    return (p != nullptr) && ((strstr(p, "libucm_kernel") != nullptr) ||
+                              (strstr(p, "libuct_ib_regcache") != nullptr));
 }
 
 } // namespace

@@ -313,6 +313,18 @@ static inline ucs_status_t kreg_rcache_get(struct ucs_rcache *rcache,
  * been dispatched to UCM. */
 KREG_API void kreg_sync(void);
 
+/* Starts the source now, without kreg_start(), where the kreg_notifier
+ * module's synchronous delivery can run and UCX_KREG_AUTOSTART allows it
+ * (auto: this call counts as a plugin's load); it then runs until exit.
+ * Returns 1 if synchronous delivery serves the process: every UCS rcache
+ * is told of every change of registered memory in time, UCP's included.
+ * 0 otherwise (nothing started; UCM's hooks as UCX configures them). */
+KREG_API int kreg_autostart(void);
+
+/* 1 while synchronous delivery serves the process (kreg_query's
+ * sync_delivery, for callers without this header: dlsym). */
+KREG_API int kreg_sync_active(void);
+
 KREG_API void kreg_query(kreg_caps_t *caps);
 KREG_API void kreg_get_stats(kreg_stats_t *stats);
 KREG_API const char *kreg_reason_str(kreg_reason_t reason);

@@ -4,6 +4,8 @@
  *
  *   mpirun -np 2 --mca pml ucx ... kreg-run --tls rc_kreg,ud_kreg \
  *       mpi_remap [--rounds N] [--fresh]
+ *   mpirun -np 2 --mca pml ucx -x LD_PRELOAD=libucm_kernel.so -x UCX_TLS=rc_verbs,ud_verbs \
+ *       mpi_remap [--rounds N] --sync
  *
  * 1. data: rank 0 sends tagged messages of 1 B, 64 KiB (eager), 1 MiB and
  *    8 MiB (rendezvous), twice each from the same buffer with new bytes the
@@ -15,11 +17,14 @@
  *    counts the rounds whose second message carried the old bytes (stale).
  *
  * Rank 1 prints "data: ..." and
- *    <kernel|hooks>: mpi remap 1 MiB: stale: S of N rounds (C corrupt, ...)
- * ("kernel" when the component is loaded: kreg_ib_regcache_status() == 0).
+ *    <kernel|sync|hooks>: mpi remap 1 MiB: stale: S of N rounds (C corrupt, ...)
+ * ("kernel" when the component is loaded: kreg_ib_regcache_status() == 0;
+ * "sync" when both ranks run the module's synchronous delivery:
+ * kreg_sync_active()).
  * Exit status: 0 if every byte of the data messages was right, every round
  * ran and, with --fresh, the component is loaded and no round was stale or
- * corrupt; 1 otherwise (every rank exits with the same status).
+ * corrupt (with --sync: synchronous delivery runs in both ranks and no
+ * round was); 1 otherwise (every rank exits with the same status).
  */
 #define _GNU_SOURCE
 #include "test_buffers.h"
@@ -43,6 +48,17 @@
 /* "kernel" if the ib_regcache component is loaded and running: preloaded
  * (UCX 1.13), or loaded by UCX 1.22 from UCX_PLUGIN_PATH, where it is
  * local to its handle (found by its soname) */
+static int component_loaded(void);
+
+/* --sync: libucm_kernel preloaded and serving the process with the
+ * module's synchronous delivery (stock transports, UCX's own cache) */
+static int sync_delivery_active(void)
+{
+    int (*active)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "kreg_sync_active");
+
+    return (active != NULL) && active();
+}
+
 static int component_loaded(void)
 {
     void *lib = dlopen("libuct_ib_regcache.so.0", RTLD_LAZY | RTLD_NOLOAD);
@@ -55,7 +71,7 @@ int main(int argc, char **argv)
 {
     static const size_t sizes[] = {1, 64 << 10, 1 << 20, 8 << 20};
     enum { NSIZES = sizeof(sizes) / sizeof(sizes[0]) };
-    int rounds = 20, fresh = 0, rank, nranks, i, k;
+    int rounds = 20, fresh = 0, sync = 0, mine, synced, rank, nranks, i, k;
     /* rank 1's results: data errors, stale, corrupt, rounds not remapped */
     int res[4] = {0, 0, 0, 0};
     int ok;
@@ -68,9 +84,11 @@ int main(int argc, char **argv)
             rounds = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--fresh")) {
             fresh = 1;
+        } else if (!strcmp(argv[i], "--sync")) {
+            sync = 1;
         } else {
             if (rank == 0) {
-                fprintf(stderr, "usage: mpi_remap [--rounds N] [--fresh]\n");
+                fprintf(stderr, "usage: mpi_remap [--rounds N] [--fresh] [--sync]\n");
             }
             MPI_Finalize();
             return 2;
@@ -185,6 +203,9 @@ int main(int argc, char **argv)
     }
 
     MPI_Bcast(res, 4, MPI_INT, 1, MPI_COMM_WORLD);
+    /* both ranks: rank 0 remaps, rank 1 prints */
+    mine = sync_delivery_active();
+    MPI_Allreduce(&mine, &synced, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     ok = (res[0] == 0) && (res[3] <= rounds / 2) && (!fresh || (res[2] == 0));
     if (rank == 1) {
         int loaded = component_loaded();
@@ -192,12 +213,17 @@ int main(int argc, char **argv)
         printf("data: 1 B, 64 KiB, 1 MiB, 8 MiB, two sends each: %s\n",
                res[0] ? "WRONG BYTES" : "every byte right");
         printf("%s: mpi remap 1 MiB: stale: %d of %d rounds (%d corrupt, %d not "
-               "remapped at the same address)\n", loaded ? "kernel" : "hooks",
+               "remapped at the same address)\n",
+               loaded ? "kernel" : synced ? "sync" : "hooks",
                res[1], rounds - res[3], res[2], res[3]);
         if (fresh && !loaded) {
             printf("error: --fresh but the ib_regcache component is not loaded\n");
         }
+        if (sync && !synced) {
+            printf("error: --sync but synchronous delivery does not run here\n");
+        }
         ok = ok && (!fresh || (loaded && (res[1] == 0)));
+        ok = ok && (!sync || (synced && (res[1] == 0) && (res[2] == 0)));
         fflush(stdout);
     }
     MPI_Bcast(&ok, 1, MPI_INT, 1, MPI_COMM_WORLD);

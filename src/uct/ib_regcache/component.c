@@ -45,11 +45,21 @@ static int kreg_value_is_off(const char *v)
  * reads its configuration: in time when the library is preloaded or
  * dlopen()ed before ucp_init; too late when UCX 1.22 loads it as a plugin,
  * where libucs_kreg (ucs_module.c, loaded with libucs) has set it first. */
+static int kreg_sync_delivery_runs(void)
+{
+    kreg_caps_t caps;
+
+    kreg_query(&caps);
+    return caps.sync_delivery;
+}
+
 static void kreg_check_ucp_rcache(void)
 {
     const char *v = getenv("UCX_RCACHE_ENABLE");
 
-    if (v == NULL) {
+    if (kreg_sync_delivery_runs()) {
+        kreg_ucp_rcache_state = KREG_UCP_RCACHE_SERVED_BY_SYNC;
+    } else if (v == NULL) {
         setenv("UCX_RCACHE_ENABLE", "n", 0);
         kreg_ucp_rcache_state = KREG_UCP_RCACHE_DISABLED_BY_US;
     } else if (kreg_value_is_off(v)) {
@@ -63,6 +73,10 @@ static void kreg_check_ucp_rcache(void)
 
 kreg_ucp_rcache_state_t kreg_ucp_rcache_get_state(void)
 {
+    /* started since the constructor (UCX 1.22: libucs_kreg came first) */
+    if (kreg_sync_delivery_runs()) {
+        return KREG_UCP_RCACHE_SERVED_BY_SYNC;
+    }
     /* the constructor's default came after UCP had read the variable */
     if ((kreg_ucp_rcache_state == KREG_UCP_RCACHE_DISABLED_BY_US) &&
         kreg_ucx_loaded_after_ucp_config()) {

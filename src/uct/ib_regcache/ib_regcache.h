@@ -168,7 +168,10 @@ typedef enum {
     /* loaded after UCP had read UCX_RCACHE_ENABLE unset (its default "try"):
      * UCX 1.22 loaded the component from its plugin path without
      * libucs_kreg beside it */
-    KREG_UCP_RCACHE_ENABLED_TOO_LATE
+    KREG_UCP_RCACHE_ENABLED_TOO_LATE,
+    /* left as configured: synchronous delivery tells UCP's cache of every
+     * change in time (kreg_query: sync_delivery) */
+    KREG_UCP_RCACHE_SERVED_BY_SYNC
 } kreg_ucp_rcache_state_t;
 
 extern kreg_ucp_rcache_state_t kreg_ucp_rcache_state;

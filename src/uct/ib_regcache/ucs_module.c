@@ -9,15 +9,27 @@
  * framework loads from the same directories at the end of libucs's
  * constructor, before anything can read UCP's options: this library sets
  * UCX_RCACHE_ENABLE=n there, unless the environment sets it (then the
- * component's md refuses a value that enables UCP's cache). It does nothing
- * else; its only dependency is libucs.
+ * component's md refuses a value that enables UCP's cache).
+ *
+ * Where the kreg_notifier module's synchronous delivery can run, it starts
+ * libucm_kernel's source first (kreg_autostart): every change of registered
+ * memory then reaches UCP's cache in time, so UCP's cache is left as
+ * configured (a UCX_RCACHE_ENABLE of ucx.conf included) and stock
+ * transports are exact too. Its dependencies: libucs, libucm_kernel.
  */
+#include <ucm_kernel/ucm_kernel.h>
+
 #include <ucs/debug/log_def.h>
 
 #include <stdlib.h>
 
 static void __attribute__((constructor)) kreg_ucs_module_ctor(void)
 {
+    if (kreg_autostart()) {
+        ucs_debug("ib_regcache: libucs_kreg started synchronous delivery; "
+                  "UCP's registration cache is left as configured");
+        return;
+    }
     if (getenv("UCX_RCACHE_ENABLE") != NULL) {
         return;
     }
