@@ -695,7 +695,7 @@ static bool kreg_range_pinned(struct mm_struct *mm, unsigned long addr,
 		p4d_t p4d;
 		pud_t pud;
 		pmd_t pmd;
-		pte_t pte;
+		pte_t *ptep;
 
 		next = pgd_addr_end(addr, end);
 		if (pgd_none(pgd) || pgd_bad(pgd))
@@ -724,10 +724,14 @@ static bool kreg_range_pinned(struct mm_struct *mm, unsigned long addr,
 		}
 		if (pmd_bad(pmd))
 			continue;
-		pte = READ_ONCE(*pte_offset_kernel(&pmd, addr));
-		next = addr + PAGE_SIZE;
-		if (pte_present(pte) && !pte_special(pte))
-			pinned = kreg_pfn_pinned(pte_pfn(pte));
+		/* the page table's entries in turn, not a walk from pgd each */
+		ptep = pte_offset_kernel(&pmd, addr);
+		for (; addr < next && !pinned; addr += PAGE_SIZE, ptep++) {
+			pte_t pte = READ_ONCE(*ptep);
+
+			if (pte_present(pte) && !pte_special(pte))
+				pinned = kreg_pfn_pinned(pte_pfn(pte));
+		}
 	}
 	local_irq_restore(flags);
 	return pinned;

@@ -5,6 +5,8 @@
  *   kreg_nf_test NAME...      the named tests
  *   kreg_nf_test --list       the test names, one a line
  *   kreg_nf_test --bench      cost figures (ratios to a bare getppid())
+ *   kreg_nf_test --bench-sync synchronous delivery's costs, part by part (the
+ *                             signal's part also without the module)
  *
  * Each test runs in a forked child with an alarm. A semantic test checks
  * the counter right after the changing call returned in the changing thread
@@ -2880,6 +2882,143 @@ static int bench(void)
 	return 0;
 }
 
+/*
+ * --bench-sync: what synchronous delivery costs, in one process, each
+ * figure alternating with its baseline (medians of RUNS batches):
+ *  - a signal to oneself whose handler makes two system calls: the
+ *    handler's frame and two DRAINs, without the module (also on the host);
+ *  - munmap of a touched 1 MiB that was never pinned, while another buffer
+ *    is (pinned_vm > 0): the callback's page-table walk (P1);
+ *  - munmap of a pinned 1 MiB (an io_uring fixed buffer, pinned again each
+ *    time): the signal, the handler's DRAINs and the report (P3).
+ */
+static volatile int g_bench_sig;
+static volatile double g_bench_enter, g_bench_exit; /* the draining handler's times */
+
+static void bench_drain_handler(int sig)
+{
+	int e = errno;
+
+	(void)sig;
+	g_bench_enter = now_ns();
+	sy_drain();
+	g_bench_exit = now_ns();
+	errno = e;
+}
+
+static void bench_handler(int sig)
+{
+	(void)sig;
+	syscall(SYS_getppid);
+	syscall(SYS_getppid);
+	g_bench_sig++;
+}
+
+/* ns of one munmap of a fresh, touched 1 MiB (pinned through ring if set);
+ * parts[3] += the kernel's part before the handler, the handler, after */
+static double bench_munmap(struct io_uring *ring, double *parts)
+{
+	const size_t len = 1 << 20;
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct iovec iov = { .iov_base = p, .iov_len = len };
+	double t0, t;
+
+	if (p == MAP_FAILED)
+		return -1;
+	memset(p, 1, len);
+	if (ring && io_uring_register_buffers(ring, &iov, 1))
+		return -1;
+	g_bench_enter = 0;
+	t0 = now_ns();
+	munmap(p, len);
+	t = now_ns() - t0;
+	if (parts && g_bench_enter) {
+		parts[0] += g_bench_enter - t0;
+		parts[1] += g_bench_exit - g_bench_enter;
+		parts[2] += t0 + t - g_bench_exit;
+	}
+	if (ring)
+		io_uring_unregister_buffers(ring);
+	return t;
+}
+
+static int bench_sync(void)
+{
+	enum { RUNS = 9, N = 64 };
+	double sig[RUNS], sys[RUNS], un_off[RUNS], un_on[RUNS], pin_off[RUNS],
+	       pin_on[RUNS], parts[3] = { 0 };
+	struct io_uring ring, other;
+	struct sigaction sa = { .sa_handler = bench_handler };
+	bool dev = access(KREG_NF_DEVICE, F_OK) == 0;
+	char *keep = anon(LEN);
+	struct iovec iov = { .iov_base = keep, .iov_len = LEN };
+
+	sigemptyset(&sa.sa_mask);
+	sa.sa_flags = SA_RESTART;
+	if (sigaction(SY_SIGNO, &sa, NULL))
+		return perror("sigaction"), 1;
+	for (int run = 0; run < RUNS; run++) {
+		double t0 = now_ns();
+
+		for (int i = 0; i < N; i++)
+			syscall(SYS_getppid);
+		sys[run] = (now_ns() - t0) / N;
+		t0 = now_ns();
+		for (int i = 0; i < N; i++)
+			raise(SY_SIGNO);
+		sig[run] = (now_ns() - t0) / N;
+	}
+	printf("synchronous delivery's parts (median of %d batches of %d):\n", RUNS, N);
+	printf("  getppid()                               %9.1f ns\n", median(sys, RUNS));
+	printf("  raise() + handler with 2 system calls   %9.1f ns   %.1f getppid()\n",
+	       median(sig, RUNS), median(sig, RUNS) / median(sys, RUNS));
+	if (!dev) {
+		printf("  (no %s: the module's figures need the guest)\n", KREG_NF_DEVICE);
+		return 0;
+	}
+	/* the handler drains as libucm_kernel's does; a second buffer keeps
+	 * pinned_vm above 0, so the callback walks unpinned ranges */
+	if (io_uring_queue_init(8, &ring, 0) || io_uring_queue_init(8, &other, 0) ||
+	    !keep || io_uring_register_buffers(&other, &iov, 1))
+		return fprintf(stderr, "io_uring\n"), 1;
+	memset(&g_sy, 0, sizeof(g_sy));
+	g_sy.fd = open(KREG_NF_DEVICE, O_RDWR | O_CLOEXEC);
+	sa.sa_handler = bench_drain_handler;
+	if (g_sy.fd < 0 || sigaction(SY_SIGNO, &sa, NULL))
+		return perror("open"), 1;
+	for (int run = 0; run < RUNS; run++) {
+		double a = 0, b = 0, c = 0, d = 0;
+
+		for (int i = 0; i < N / 8; i++) {
+			a += bench_munmap(NULL, NULL);
+			c += bench_munmap(&ring, NULL);
+		}
+		if (sy_start_ioctl(SY_SIGNO, 10000))
+			return perror("SYNC_START"), 1;
+		for (int i = 0; i < N / 8; i++) {
+			b += bench_munmap(NULL, NULL);
+			d += bench_munmap(&ring, parts);
+		}
+		ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP);
+		un_off[run] = a / (N / 8);
+		un_on[run] = b / (N / 8);
+		pin_off[run] = c / (N / 8);
+		pin_on[run] = d / (N / 8);
+	}
+	printf("  munmap 1 MiB never pinned: off %9.1f ns, on %9.1f ns   on/off %.2f\n",
+	       median(un_off, RUNS), median(un_on, RUNS),
+	       median(un_on, RUNS) / median(un_off, RUNS));
+	printf("  munmap 1 MiB pinned:       off %9.1f ns, on %9.1f ns   on/off %.2f (+%.1f us)\n",
+	       median(pin_off, RUNS), median(pin_on, RUNS),
+	       median(pin_on, RUNS) / median(pin_off, RUNS),
+	       (median(pin_on, RUNS) - median(pin_off, RUNS)) / 1e3);
+	printf("    its parts (means): the call until the handler %.1f us, the handler (2 DRAINs) %.1f us, sigreturn and back %.1f us\n",
+	       parts[0] / (RUNS * (N / 8)) / 1e3, parts[1] / (RUNS * (N / 8)) / 1e3,
+	       parts[2] / (RUNS * (N / 8)) / 1e3);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	int failed_n = 0, skipped = 0, ran = 0;
@@ -2890,6 +3029,8 @@ int main(int argc, char **argv)
 			   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (skip_reason == MAP_FAILED)
 		return 1;
+	if (argc > 1 && !strcmp(argv[1], "--bench-sync"))
+		return bench_sync();
 	if (argc > 1 && !strcmp(argv[1], "--list")) {
 		for (size_t i = 0; i < NTESTS; i++)
 			printf("%s\n", tests[i].name);
