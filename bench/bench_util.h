@@ -143,7 +143,17 @@ inline bool is_kernel_config(const std::string &name)
 inline std::vector<env_change> env_for(const std::string &name)
 {
     std::vector<env_change> env = {{"UCX_KREG_BACKEND", std::nullopt},
-                                  {"UCX_KREG_MODE", std::nullopt}};
+                                  {"UCX_KREG_MODE", std::nullopt},
+                                  {"UCX_KREG_SYNC", std::nullopt}};
+    if (name == "sync") {
+        /* UCX's own cache as a stock transport's, fed by synchronous
+         * delivery; UCX's UCM settings as a user has them */
+        env[0].second = "notifier";
+        env[2].second = "y";
+        env.push_back({"UCX_MEM_MALLOC_HOOKS", std::nullopt});
+        env.push_back({"UCX_MEM_MMAP_HOOK_MODE", std::nullopt});
+        return env;
+    }
     if (!is_kernel_config(name)) {
         env.push_back({"UCX_MEM_MALLOC_HOOKS", std::nullopt});
         env.push_back({"UCX_MEM_MMAP_HOOK_MODE", std::nullopt});
@@ -216,6 +226,7 @@ inline bool kernel_start(const std::string &config)
     const bool want_plain     = config.find("plain") != std::string::npos;
     const bool backend_ok     = (config.rfind("uffd", 0) == 0) ? backend == "uffd" :
                                 (config.rfind("notifier", 0) == 0) ? backend == "notifier" :
+                                (config == "sync") ? caps.sync_delivery :
                                 caps.running;
     if (!caps.running || !caps.external_event || !backend_ok ||
         (want_plain != (mode == "plain"))) {

@@ -155,10 +155,19 @@ std::vector<figure> figures(const std::vector<std::string> &cfgs, bool with_p1)
     if (with_p1) {
         for (const char *w : {"malloc_free_300k", "malloc_touch_free_300k",
                               "mmap_munmap_4k", "mmap_munmap_1m"}) {
-            for (const char *cfg : {"default", "hooks"}) {
+            for (const std::string &cfg : cfgs) {
+                if ((cfg != "default") && (cfg != "hooks") && (cfg != "sync")) {
+                    continue;
+                }
                 figs.push_back({"P1", std::string("P1.") + w, cfg, "no_ucx",
                                 std::string("P1.") + w,
                                 std::string(w) + "." + cfg + "/no_ucx"});
+                if (cfg == "sync") {
+                    /* what the issue asks of it: against the hooks */
+                    figs.push_back({"P1", std::string("P1.") + w, cfg, "hooks",
+                                    std::string("P1.") + w,
+                                    std::string(w) + "." + cfg + "/hooks"});
+                }
             }
         }
     }
@@ -172,11 +181,14 @@ std::vector<figure> figures(const std::vector<std::string> &cfgs, bool with_p1)
         }
     }
     for (const std::string &cfg : cfgs) {
-        if ((cfg == "default") || (cfg == "uffd")) {
+        if ((cfg == "default") || (cfg == "uffd") || (cfg == "sync")) {
             for (const char *k : {"munmap_1m", "munmap_1m_to_rcache"}) {
                 figs.push_back({"P3", std::string("P3.") + k, cfg, "hooks",
                                 std::string("P3.") + k,
                                 std::string(k) + "." + cfg + "/hooks"});
+            }
+            if (cfg == "sync") {
+                continue; /* no watch of ours: no P4 */
             }
             figs.push_back({"P4", "P4.miss_64k_watch", cfg, cfg, "P4.miss_64k_nowatch",
                             "miss_64k." + cfg + "/nowatch"});
@@ -245,6 +257,7 @@ int parent(int reps)
     std::vector<std::string> cfgs = {"no_ucx", "default", "hooks", "plain"};
     if (notifier_is_default()) {
         cfgs.push_back("uffd");
+        cfgs.push_back("sync"); /* UCX's own cache, synchronous delivery */
     }
     std::vector<run_timings> runs;
     std::string backend_line;

@@ -364,22 +364,25 @@ int child(const std::string &config)
     if (kernel && !kernel_start(config)) {
         return 3;
     }
+    /* sync: UCX's own cache, no watch of ours, no check at its hits */
+    const bool stock_cache = config == "sync";
     bench_cache c;
-    if (!cache_create(&c, kernel, "kreg_bench")) {
+    if (!cache_create(&c, kernel && !stock_cache, "kreg_bench")) {
         if (kernel) {
             kreg_stop();
         }
         return 3;
     }
-    const bool full = (config == "hooks") || (config == "default") || (config == "uffd");
-    if (((config == "hooks") || (config == "default")) && !g_p2p4_only) {
+    const bool full = (config == "hooks") || (config == "default") || (config == "uffd") ||
+                      stock_cache;
+    if (((config == "hooks") || (config == "default") || stock_cache) && !g_p2p4_only) {
         measure_unregistered();
     }
     measure_hits(&c);
     if (full) {
         measure_free_cached(&c);
     }
-    if (kernel && full) {
+    if (kernel && full && !stock_cache) {
         measure_miss_watch();
     }
     cache_destroy(&c);

@@ -22,6 +22,10 @@
  *              module is loaded (then default is the notifier)
  *   stock_md   no library: UCX's stock md "ib" with its own rcache and
  *              UCX's default UCM hooks
+ *   sync       the same stock md and cache, fed by the kreg_notifier
+ *              module's synchronous delivery (kreg_start() first,
+ *              UCX_KREG_SYNC=y): no hook for unmaps; only where the module
+ *              is loaded
  *
  * UCX 1.16 and later (1.22 here): the stock IB md has no cache; the stock
  * cache is UCP's (one rcache per ucp context, hooks on by default). So both
@@ -36,6 +40,10 @@
  *   uffd       the same with UCX_KREG_BACKEND=uffd (notifier module loaded)
  *   stock_md   no plugin path, UCX_TLS=rc_verbs, UCX's defaults: UCP's
  *              rcache over UCX's IB md, UCM's hooks: a UCP rcache hit
+ *   sync       the same, fed by synchronous delivery (kreg_start() before
+ *              ucp_init, UCX_KREG_SYNC=y): a UCP rcache hit, no unmap hook
+ *   With the module, "default" runs synchronous delivery too: libucs_kreg
+ *   then leaves UCP's rcache on, above our md, and a hit is UCP's.
  *   uct_default  (a "#" line, not P2) ours alone at UCT level as on 1.13:
  *              uct_md_mem_reg + uct_md_mem_dereg on md "ib_regcache"
  *
@@ -211,7 +219,7 @@ int report(const std::string &config, const batch_times &t, bool hit)
 int child_uct(const std::string &config, const std::string &lib,
               const std::string &device, double ms)
 {
-    const bool ours = (config != "stock_md");
+    const bool ours = (config != "stock_md") && (config != "sync");
 #if !MD_BENCH_UCP
     if (ours && (dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr)) {
         fprintf(stderr, "md_bench: dlopen %s: %s\n", lib.c_str(), dlerror());
@@ -329,7 +337,7 @@ bool check_context(ucp_context_h ctx, const std::string &config,
 /* UCP level (UCX 1.16+): ucp_mem_map + ucp_mem_unmap */
 int child_ucp(const std::string &config, double ms)
 {
-    const bool ours = (config != "stock_md");
+    const bool ours = (config != "stock_md") && (config != "sync");
     ucp_config_t *ucp_config;
     ucp_context_h ctx;
     ucp_params_t params = {};
@@ -343,15 +351,19 @@ int child_ucp(const std::string &config, double ms)
     }
     ucp_config_release(ucp_config);
     /* ours: libucs_kreg turned UCP's cache off before UCP read it (the md
-     * refuses to open otherwise); stock: UCX's default, on */
+     * refuses to open otherwise), unless synchronous delivery serves the
+     * process; stock: UCX's default, on */
     const char *rcache_env = getenv("UCX_RCACHE_ENABLE");
     const bool rcache_off = (rcache_env != nullptr) && (strcmp(rcache_env, "n") == 0);
+    kreg_caps_t caps;
+    kreg_query(&caps);
+    const bool want_off = ours && !caps.sync_delivery;
     if (!check_context(ctx, config, ours ? "rc_kreg" : "rc_verbs") ||
-        (ours != rcache_off) || (ours && !print_backend(config))) {
-        if (ours != rcache_off) {
+        (want_off != rcache_off) || (ours && !print_backend(config))) {
+        if (want_off != rcache_off) {
             fprintf(stderr, "md_bench: %s: UCX_RCACHE_ENABLE=%s, want %s\n",
                     config.c_str(), rcache_env ? rcache_env : "(unset)",
-                    ours ? "n (libucs_kreg)" : "(unset)");
+                    want_off ? "n (libucs_kreg)" : "(unset)");
         }
         ucp_cleanup(ctx);
         return 3;
@@ -418,6 +430,10 @@ int child_ucp(const std::string &config, double ms)
 int child(const std::string &config, const std::string &lib,
           const std::string &device, double ms)
 {
+    /* before UCX makes its caches: UCM_EVENT_VM_UNMAPPED external */
+    if ((config == "sync") && !kernel_start(config)) {
+        return 3;
+    }
 #if MD_BENCH_UCP
     if (config != "uct_default") {
         return child_ucp(config, ms);
@@ -432,9 +448,11 @@ std::vector<env_change> child_env(const std::string &config,
                                   const std::string &plugins,
                                   const std::string &device)
 {
-    /* stock_md: UCX's defaults (hooks); ours: the kernel source, hooks off */
-    const bool ours = (config != "stock_md");
-    std::vector<env_change> env = env_for(ours ? ((config == "uct_default") ?
+    /* stock_md: UCX's defaults (hooks); ours: the kernel source, hooks off;
+     * sync: UCX's defaults and synchronous delivery (env_for) */
+    const bool ours = (config != "stock_md") && (config != "sync");
+    std::vector<env_change> env = env_for((config == "sync") ? config :
+                                          ours ? ((config == "uct_default") ?
                                                   "default" : config) : "hooks");
 #if MD_BENCH_UCP
     /* ours: the component and libucs_kreg from the plugin directory, which
@@ -470,6 +488,7 @@ int parent(int reps, const std::string &lib, const std::string &device,
     std::vector<std::string> cfgs = {"default", "stock_md"};
     if (access("/dev/kreg_notifier", R_OK | W_OK) == 0) {
         cfgs.push_back("uffd");
+        cfgs.push_back("sync");
     }
 #if MD_BENCH_UCP
     cfgs.push_back("uct_default");
