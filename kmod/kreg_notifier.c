@@ -649,6 +649,7 @@ struct kreg_sync {
 	struct kreg_ctx *ctx;
 	struct pid *owner;		/* whose threads are held */
 	int signo;			/* 0: gate only */
+	unsigned long handler;		/* signo's handler that drains */
 	unsigned long timeout;		/* jiffies */
 	wait_queue_head_t wq;		/* gates wait here for done */
 	/* under ctx->ev_lock: */
@@ -776,19 +777,19 @@ static bool kreg_runs_handler(struct kreg_sync *s)
 {
 	if (!s->signo)
 		return false;
-	return instruction_pointer(task_pt_regs(current)) ==
-	       (unsigned long)kreg_handler_of(s->signo);
+	return instruction_pointer(task_pt_regs(current)) == s->handler &&
+	       (unsigned long)kreg_handler_of(s->signo) == s->handler;
 }
 
-/* signo has a handler and current does not block it */
+/*
+ * signo's handler is still the one that drains (not replaced since) and
+ * current does not block it
+ */
 static bool kreg_signal_reaches(struct kreg_sync *s)
 {
-	void __user *h;
-
 	if (!s->signo || sigismember(&current->blocked, s->signo))
 		return false;
-	h = kreg_handler_of(s->signo);
-	return h != SIG_DFL && h != SIG_IGN;
+	return (unsigned long)kreg_handler_of(s->signo) == s->handler;
 }
 
 /*
@@ -965,7 +966,7 @@ static long kreg_sync_start(struct kreg_ctx *ctx,
 	if (copy_from_user(&arg, uarg, sizeof(arg)))
 		return -EFAULT;
 	if (arg.flags || arg.reserved || !arg.gate_timeout_ms ||
-	    arg.gate_timeout_ms > 60000 ||
+	    arg.gate_timeout_ms > 60000 || !arg.handler != !arg.signo ||
 	    (arg.signo && (!valid_signal(arg.signo) || arg.signo == SIGKILL ||
 			   arg.signo == SIGSTOP)))
 		return -EINVAL;
@@ -994,6 +995,7 @@ static long kreg_sync_start(struct kreg_ctx *ctx,
 		ctx->sync = s;	/* nothing reads it before the notifier is in */
 	}
 	s->signo = arg.signo;
+	s->handler = (unsigned long)arg.handler;
 	s->timeout = msecs_to_jiffies(arg.gate_timeout_ms);
 	s->owner = get_pid(task_tgid(current));
 	for (i = 0; i < KREG_ST_NR; i++)

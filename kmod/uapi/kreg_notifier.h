@@ -169,8 +169,8 @@ struct kreg_nf_event {
  * (folio_maybe_dma_pinned(): ibv_reg_mr, io_uring fixed buffers, ...) made
  * by a thread of the process is queued as a range, and
  *  - the changing thread gets signal signo before it returns to user space
- *    (unless it blocks signo or signo has no handler: then it is gated as
- *    below, and the dispatcher is woken);
+ *    (unless it blocks signo or signo's handler is not the one SYNC_START
+ *    named: then it is gated as below, and the dispatcher is woken);
  *  - every other thread of the process, at its next return to user space
  *    (from a system call, a fault or an interrupt), waits until the range
  *    has been acknowledged by a DRAIN ("the gate"), at most gate_timeout_ms;
@@ -208,6 +208,12 @@ struct kreg_nf_sync_start {
 	__u32 gate_timeout_ms; /* 1..60000 */
 	__u32 flags;           /* 0 */
 	__u32 reserved;        /* 0 */
+	/*
+	 * the handler's address (not 0 with a signo): while signo's handler
+	 * in the process is another (replaced since), the changing thread is
+	 * held as if it blocked signo
+	 */
+	__u64 handler;
 };
 
 /* A range handed out by DRAIN. */

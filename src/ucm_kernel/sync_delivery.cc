@@ -132,6 +132,9 @@ bool sync_start(int fd, const kreg_options_t &opts, std::string *why)
     struct kreg_nf_sync_start st = {};
     st.signo           = static_cast<uint32_t>(signo);
     st.gate_timeout_ms = static_cast<uint32_t>(ms);
+    /* a handler installed over ours later is treated as a blocked signal:
+     * the changing thread is held until the reader reports */
+    st.handler         = (signo != 0) ? reinterpret_cast<uintptr_t>(handler) : 0;
     if (ioctl(fd, KREG_NF_IOC_SYNC_START, &st) != 0) {
         *why = (errno == ENOTTY) ?
                std::string("the loaded kreg_notifier module has no synchronous "
@@ -185,8 +188,8 @@ void sync_drain()
          "a kernel thread: reported by the reader after the change; the "
          "process's threads were held until then"},
         {st.self_gated, 2, false, "changed by a thread that blocks "
-         "UCX_KREG_SYNC_SIGNAL: that thread was held until the reader "
-         "reported it"},
+         "UCX_KREG_SYNC_SIGNAL (or its handler was replaced since): that "
+         "thread was held until the reader reported it"},
         {st.gate_timeouts, 4, true, "a thread was held for UCX_KREG_SYNC_TIMEOUT "
          "and let go before the change was reported: a registration cache "
          "could have hit stale pages meanwhile"},

@@ -2136,10 +2136,15 @@ static void *sy_dispatcher(void *a)
 	return NULL;
 }
 
+static void sy_handler(int sig);
+/* the handler SYNC_START names (the bench's own drains and times) */
+static void (*g_sy_handler)(int sig) = sy_handler;
+
 static int sy_start_ioctl(uint32_t signo, uint32_t timeout_ms)
 {
 	struct kreg_nf_sync_start st = { .signo = signo,
-					 .gate_timeout_ms = timeout_ms };
+					 .gate_timeout_ms = timeout_ms,
+					 .handler = signo ? (uintptr_t)g_sy_handler : 0 };
 
 	return ioctl(g_sy.fd, KREG_NF_IOC_SYNC_START, &st) ? -errno : 0;
 }
@@ -2369,6 +2374,35 @@ static int t_sync_blocked_signal(void)
 	return 0;
 }
 
+static void sy_other_handler(int sig)
+{
+	(void)sig;
+}
+
+/* Another handler installed over the draining one after SYNC_START: the
+ * changing thread is held, as if it blocked the signal, until the
+ * dispatcher reported. */
+static int t_sync_replaced_handler(void)
+{
+	struct sigaction sa = { .sa_handler = sy_other_handler };
+	struct kreg_nf_sync_stats st;
+	int rc;
+	char *p;
+
+	rc = sy_setup(SY_SIGNO, 10000, true, &p);
+	if (rc)
+		return rc;
+	sigemptyset(&sa.sa_mask);
+	CHECK(sigaction(SY_SIGNO, &sa, NULL) == 0, "sigaction");
+	CHECK(munmap(p, LEN) == 0, "munmap");
+	CHECK(g_sy.reported, "munmap returned before the report");
+	CHECK(sy_stats(&st) == 0 && st.self_gated == 1 && st.signalled == 0,
+	      "self_gated %llu signalled %llu",
+	      (unsigned long long)st.self_gated, (unsigned long long)st.signalled);
+	sy_stop_dispatcher();
+	return 0;
+}
+
 /* No signal, no dispatcher: the changing thread is let go after the gate
  * timeout, and that is counted. */
 static int t_sync_gate_timeout(void)
@@ -2587,13 +2621,16 @@ static int t_sync_bad_args(void)
 	struct kreg_nf_sync_drain d = { .buf = (uintptr_t)r, .max = 2 };
 	struct kreg_nf_sync_stats st;
 	struct kreg_nf_sync_start bad[] = {
-		{ .signo = SIGKILL, .gate_timeout_ms = 10 },
-		{ .signo = SIGSTOP, .gate_timeout_ms = 10 },
-		{ .signo = 65, .gate_timeout_ms = 10 },
-		{ .signo = SY_SIGNO, .gate_timeout_ms = 0 },
-		{ .signo = SY_SIGNO, .gate_timeout_ms = 60001 },
-		{ .signo = SY_SIGNO, .gate_timeout_ms = 10, .flags = 1 },
-		{ .signo = SY_SIGNO, .gate_timeout_ms = 10, .reserved = 1 },
+		/* each bad in one field only: .handler is set with a signo */
+		{ .signo = SIGKILL, .gate_timeout_ms = 10, .handler = 1 },
+		{ .signo = SIGSTOP, .gate_timeout_ms = 10, .handler = 1 },
+		{ .signo = 65, .gate_timeout_ms = 10, .handler = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 0, .handler = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 60001, .handler = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 10, .flags = 1, .handler = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 10, .reserved = 1, .handler = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 10 },	/* no handler */
+		{ .signo = 0, .gate_timeout_ms = 10, .handler = 1 },
 	};
 	int rc;
 	char *p;
@@ -2751,6 +2788,7 @@ static const struct test {
 	     "munmap of memory never pinned"),
 	{ "sync-other-thread-held", t_sync_other_thread_held, NULL, NULL },
 	{ "sync-blocked-signal", t_sync_blocked_signal, NULL, NULL },
+	{ "sync-replaced-handler", t_sync_replaced_handler, NULL, NULL },
 	{ "sync-gate-timeout", t_sync_gate_timeout, NULL, NULL },
 	{ "sync-io-uring-madvise", t_sync_io_uring_madvise, NULL, NULL },
 	{ "sync-handler-reentered", t_sync_handler_reentered, NULL, NULL },
@@ -2985,6 +3023,7 @@ static int bench_sync(void)
 	memset(&g_sy, 0, sizeof(g_sy));
 	g_sy.fd = open(KREG_NF_DEVICE, O_RDWR | O_CLOEXEC);
 	sa.sa_handler = bench_drain_handler;
+	g_sy_handler = bench_drain_handler;
 	if (g_sy.fd < 0 || sigaction(SY_SIGNO, &sa, NULL))
 		return perror("open"), 1;
 	for (int run = 0; run < RUNS; run++) {
