@@ -3026,6 +3026,20 @@ static int bench_sync(void)
 	g_sy_handler = bench_drain_handler;
 	if (g_sy.fd < 0 || sigaction(SY_SIGNO, &sa, NULL))
 		return perror("open"), 1;
+	if (sy_start_ioctl(SY_SIGNO, 10000))
+		return perror("SYNC_START"), 1;
+	for (int run = 0; run < RUNS; run++) {
+		struct kreg_nf_range r[8];
+		struct kreg_nf_sync_drain dr = { .buf = (uintptr_t)r, .max = 8 };
+		double t0 = now_ns();
+
+		for (int i = 0; i < N; i++)
+			ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, &dr);
+		un_on[run] = (now_ns() - t0) / N;
+	}
+	ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP);
+	printf("  DRAIN of an empty queue                 %9.1f ns   %.1f getppid()\n",
+	       median(un_on, RUNS), median(un_on, RUNS) / median(sys, RUNS));
 	for (int run = 0; run < RUNS; run++) {
 		double a = 0, b = 0, c = 0, d = 0;
 
