@@ -22,7 +22,6 @@ std::atomic<int> g_fd{-1};
  * waits for them before the descriptor may be closed (and its number
  * reused). seq_cst with g_fd, a Dekker pair like dispatch.cc's. */
 std::atomic<uint32_t> g_in_handler{0};
-int g_signo = 0;
 std::atomic<uint64_t> g_drained{0};
 /* what the module counted at the last stop (its counts restart at start) */
 kreg_nf_sync_stats g_totals{};
@@ -104,6 +103,13 @@ bool sync_start(int fd, const kreg_options_t &opts, std::string *why)
         *why = "UCX_KREG_SYNC_SIGNAL=" + std::to_string(signo) + " is not a signal";
         return false;
     }
+    /* checked before anything is installed: a bad value changes nothing */
+    const double ms = opts.sync_timeout * 1e3;
+    if (!(ms >= 1) || (ms > 60000)) {
+        *why = "UCX_KREG_SYNC_TIMEOUT=" + std::to_string(opts.sync_timeout) +
+               "s is not within 1ms..60s";
+        return false;
+    }
     if ((signo != 0) && !is_ours(old)) {
         if ((old.sa_handler != SIG_DFL) || (old.sa_flags & SA_SIGINFO)) {
             char text[160];
@@ -123,12 +129,6 @@ bool sync_start(int fd, const kreg_options_t &opts, std::string *why)
             return false;
         }
     }
-    const double ms = opts.sync_timeout * 1e3;
-    if (!(ms >= 1) || (ms > 60000)) {
-        *why = "UCX_KREG_SYNC_TIMEOUT=" + std::to_string(opts.sync_timeout) +
-               "s is not within 1ms..60s";
-        return false;
-    }
     struct kreg_nf_sync_start st = {};
     st.signo           = static_cast<uint32_t>(signo);
     st.gate_timeout_ms = static_cast<uint32_t>(ms);
@@ -142,7 +142,6 @@ bool sync_start(int fd, const kreg_options_t &opts, std::string *why)
                std::string("KREG_NF_IOC_SYNC_START: ") + strerror(errno);
         return false;
     }
-    g_signo = signo;
     g_fd.store(fd);
     return true;
 }
@@ -176,7 +175,11 @@ void sync_drain()
         return;
     }
     g_drained.fetch_add(drain_all(fd), std::memory_order_relaxed);
-    /* What no handler carried: said once, counted in kreg_get_stats. */
+    /* What no handler carried: said once, counted in kreg_get_stats. Once
+     * all three are said, the reader asks the module for no counts. */
+    if (g_warned.load(std::memory_order_relaxed) == 7) {
+        return;
+    }
     const kreg_nf_sync_stats st = module_stats(fd);
     struct once {
         uint64_t    count;
