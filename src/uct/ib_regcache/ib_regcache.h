@@ -6,15 +6,16 @@
  * This header is the part that does not depend on UCX's version: it sees
  * UCX only through its installed public headers (uct/api/uct.h,
  * ucs/memory/rcache.h). Everything that depends on UCX's internals is in
- * the version layer (ucx_layer.h, ucx_1_13.c or ucx_1_22.c).
+ * the version layer (ucx_layer.h, ucx_1_13.c or ucx_1_16.c).
  *
  *   component.c  load time: version check, UCP's own cache, registration
  *   open.c       the open policy: kernel source, inner md, rcache or
  *                pass-through, reg_cost
  *   md.c         the caching md: mem_reg (hit, miss, uncached), mem_dereg
- *   ucx_1_13.c   everything UCX-version dependent, per UCX version line
- *   ucx_1_22.c   (configure builds one; ucx_layer.h is their interface)
- *   reg_methods.c  UCX 1.13's REG_METHODS lists and the stock "ib" md's
+ *   ucx_1_13.c   everything UCX-version dependent: UCX 1.13-1.15
+ *   ucx_1_16.c   and 1.16-1.22 (configure builds one; ucx_layer.h is
+ *                their interface; ucx_common.c what both do alike)
+ *   reg_methods.c  UCX 1.13-1.15's REG_METHODS lists and the stock "ib" md's
  *                policy next to this library (the foreign rcache hazard)
  *   ucs_module.c libucs_kreg (UCX 1.22): UCP's own cache off in time
  *
@@ -127,7 +128,7 @@ typedef struct kreg_md_open_config {
     int        require_kernel;   /* UCX_IB_REGCACHE_REQUIRE_KERNEL          */
     int        want_cache;       /* the configuration asks for a cache (1.13:
                                     "rcache" in UCX_IB_REG_METHODS and no
-                                    implicit ODP before it; 1.22: always)   */
+                                    implicit ODP before it; 1.16+: always)  */
     const char *reg_methods;     /* for the log: 1.13's REG_METHODS, or ""  */
     double     rcache_overhead;  /* UCX's RCACHE_OVERHEAD, seconds          */
 } kreg_md_open_config_t;
@@ -159,8 +160,9 @@ void kreg_md_region_dump(kreg_md_t *md, kreg_region_t *region, char *buf,
  * memory handles above the md, its hits never reach our check (on the
  * notifier that reopens the cross-thread window the counter closes), and
  * it would keep handles registered uncached. It is turned off by default
- * before UCP reads its configuration (1.13: the constructor; 1.22: the
- * libucs_kreg module, see ucs_module.c); this records what was found. */
+ * before UCP reads its configuration (preloaded, 1.13-1.21: the
+ * constructor; 1.22: the libucs_kreg module, see ucs_module.c); this
+ * records what was found. */
 typedef enum {
     KREG_UCP_RCACHE_DISABLED_BY_US = 0,
     KREG_UCP_RCACHE_DISABLED_BY_USER,

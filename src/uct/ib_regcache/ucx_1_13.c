@@ -1,7 +1,8 @@
 /*
- * The version layer for UCX 1.13 (built and tested with 1.13.1 only): what
- * of ib_regcache depends on UCX 1.13 and is not done the same way for 1.22
- * (ucx_common.c holds that part). Only the version layer is compiled with
+ * The version layer for UCX 1.13 to 1.15 (built and tested with 1.13.1,
+ * 1.14.1 and 1.15.0): what of ib_regcache depends on those UCX versions,
+ * whose IB md keeps its own cache, and is not done the same way for
+ * 1.16-1.22 (ucx_common.c holds that part). Only the version layer is compiled with
  * UCX's config.h and private headers (Makefile.inc); the rest sees it
  * through ucx_layer.h.
  *
@@ -16,7 +17,10 @@
  *  - uct_ib_md_t's memh_struct_size and global_odp;
  *  - the stock IB component's md_open, saved before our hook replaces it
  *    (the stock md's own cache, reg_methods.c).
- * ucx_1_22.c says what changed by 1.22.
+ * Within 1.13-1.15 (KREG_UCX_AT_LEAST): 1.14's md ops take params structs
+ * (mem_reg), fill uct_md_attr_v2_t (query) and have mem_attach; 1.15 drops
+ * the implicit ODP method (global_odp) and adds reg_nonblock_mem_types.
+ * ucx_1_16.c says what changed by 1.16.
  */
 #include "ucx_common.h"
 #include "reg_methods.h"
@@ -32,9 +36,9 @@
 #include <pthread.h>
 #include <string.h>
 
-_Static_assert((UCP_API_MAJOR == 1) && (UCP_API_MINOR == 13),
-               "ucx_1_13.c is written for UCX 1.13 (built and tested with "
-               "1.13.1): another UCX needs its own version layer");
+_Static_assert(KREG_UCX_AT_LEAST(13) && !KREG_UCX_AT_LEAST(16),
+               "ucx_1_13.c is written for UCX 1.13 to 1.15: another UCX "
+               "needs its own version layer (configure picks it)");
 
 /* ---- md configuration ---------------------------------------------------- */
 
@@ -205,6 +209,7 @@ ucs_status_t kreg_ucx_open_ib_md(kreg_md_t *md,
     return status;
 }
 
+#if !KREG_UCX_AT_LEAST(14) /* 1.14+: ucx_common.c */
 ucs_status_t kreg_ucx_ib_md_query(kreg_md_t *md, uct_md_attr_t *md_attr)
 {
     return kreg_ucx_of(md)->orig->query(md->ib_md, md_attr);
@@ -216,6 +221,7 @@ ucs_status_t kreg_ucx_ib_mem_reg(kreg_md_t *md, void *address, size_t length,
     return kreg_ucx_of(md)->orig->mem_reg(md->ib_md, address, length, flags,
                                           memh_p);
 }
+#endif
 
 size_t kreg_ucx_memh_size(kreg_md_t *md)
 {
@@ -224,7 +230,11 @@ size_t kreg_ucx_memh_size(kreg_md_t *md)
 
 int kreg_ucx_uses_global_odp(kreg_md_t *md)
 {
+#if KREG_UCX_AT_LEAST(15)
+    return 0; /* no implicit ODP method since UCX 1.15 */
+#else
     return ucs_derived_of(md->ib_md, uct_ib_md_t)->global_odp != NULL;
+#endif
 }
 
 /* ---- the rcache ---------------------------------------------------------- */
@@ -281,6 +291,7 @@ static ucs_status_t kreg_ucx_md_open(uct_component_t *component,
                                  md_p);
 }
 
+#if !KREG_UCX_AT_LEAST(14) /* 1.14+: ucx_common.c */
 static ucs_status_t kreg_ucx_md_query(uct_md_h md, uct_md_attr_t *md_attr)
 {
     kreg_ucx_md_t *umd = kreg_ucx_md(md);
@@ -304,6 +315,7 @@ static ucs_status_t kreg_ucx_mem_reg(uct_md_h md, void *address,
     return kreg_md_ops->mem_reg(&kreg_ucx_md(md)->md, address, length, flags,
                                 memh_p);
 }
+#endif
 
 /* mkey_pack makes atomic and indirect keys on demand and records them in
  * the original handle: copied back to the handle UCP holds */
@@ -330,6 +342,9 @@ static void kreg_ucx_set_md_ops(uct_md_ops_t *ops)
     ops->mem_reg    = kreg_ucx_mem_reg;
     ops->mem_dereg  = kreg_ucx_mem_dereg;
     ops->mkey_pack  = kreg_ucx_mkey_pack;
+#if KREG_UCX_AT_LEAST(14)
+    ops->mem_attach = kreg_ucx_mem_attach;
+#endif
     if (ops->is_sockaddr_accessible == NULL) {
         /* UCX's direct-registration table has none (its rcache table has) */
         ops->is_sockaddr_accessible = (uct_md_is_sockaddr_accessible_func_t)

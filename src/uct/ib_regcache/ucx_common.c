@@ -1,7 +1,7 @@
 /*
  * The part of the version layer that every UCX version line does the same
  * way (ucx_common.h), compiled against the version's own headers with
- * ucx_1_13.c or ucx_1_22.c, which hold what differs.
+ * ucx_1_13.c or ucx_1_16.c, which hold what differs.
  */
 #include "ucx_common.h"
 
@@ -9,6 +9,8 @@
 #include <ucs/debug/log.h>
 #include <ucs/sys/string.h>
 #include <ucs/vfs/base/vfs_obj.h>
+
+#include <string.h>
 
 const kreg_md_ops_t *kreg_md_ops;
 
@@ -148,6 +150,87 @@ ucs_status_t kreg_ucx_mem_dereg(uct_md_h md,
                                    UCT_MD_MEM_DEREG_FLAG_INVALIDATE) ?
                                   params->comp : NULL);
 }
+
+#if KREG_UCX_AT_LEAST(14)
+/* ---- md operations with UCX 1.14's signatures (1.14-1.22) ---------------- */
+
+ucs_status_t kreg_ucx_ib_md_query(kreg_md_t *md, uct_md_attr_t *md_attr)
+{
+    uct_md_attr_v2_t attr = {};
+    ucs_status_t status;
+
+    status = kreg_ucx_of(md)->orig->query(md->ib_md, &attr);
+    if (status != UCS_OK) {
+        return status;
+    }
+    /* what open.c reads: the capabilities and the registration cost */
+    memset(md_attr, 0, sizeof(*md_attr));
+    md_attr->cap.flags = attr.flags;
+    md_attr->reg_cost  = attr.reg_cost;
+    return UCS_OK;
+}
+
+ucs_status_t kreg_ucx_ib_mem_reg(kreg_md_t *md, void *address, size_t length,
+                                 unsigned flags, uct_mem_h *memh_p)
+{
+    uct_md_mem_reg_params_t params = {
+        .field_mask = UCT_MD_MEM_REG_FIELD_FLAGS,
+        .flags      = flags
+    };
+
+    return kreg_ucx_of(md)->orig->mem_reg(md->ib_md, address, length, &params,
+                                          memh_p);
+}
+
+ucs_status_t kreg_ucx_md_query(uct_md_h md, uct_md_attr_v2_t *md_attr)
+{
+    kreg_ucx_md_t *umd = kreg_ucx_md(md);
+    ucs_status_t status;
+
+    status = umd->orig->query(md, md_attr);
+    if (status != UCS_OK) {
+        return status;
+    }
+    md_attr->reg_cost          = umd->md.reg_cost;
+    /* Host memory only, registered through our cache: no allocation (its
+     * memh would not be ours), no dmabuf or GVA registration (their handles
+     * bypass the cache), no exported or imported keys (mem_attach). */
+    md_attr->flags            &= ~(UCT_MD_FLAG_ALLOC | UCT_MD_FLAG_REG_DMABUF |
+                                   UCT_MD_FLAG_EXPORTED_MKEY);
+    md_attr->alloc_mem_types   = 0;
+    md_attr->reg_mem_types    &= UCS_BIT(UCS_MEMORY_TYPE_HOST);
+#if KREG_UCX_AT_LEAST(15)
+    md_attr->reg_nonblock_mem_types &= UCS_BIT(UCS_MEMORY_TYPE_HOST);
+#endif
+    md_attr->dmabuf_mem_types  = 0;
+#if KREG_UCX_AT_LEAST(18)
+    md_attr->gva_mem_types     = 0;
+#endif
+    /* Nothing may cache above this md: UCP's cache would hit without our
+     * check (the cross-thread window the counter closes). UCP 1.16+ does
+     * not honour this for every path (one rcache for all mds), which is why
+     * its cache is turned off altogether (kreg_ucp_rcache_state_t). */
+    md_attr->cache_mem_types   = 0;
+    return UCS_OK;
+}
+
+ucs_status_t kreg_ucx_mem_reg(uct_md_h md, void *address, size_t length,
+                              const uct_md_mem_reg_params_t *params,
+                              uct_mem_h *memh_p)
+{
+    return kreg_md_ops->mem_reg(&kreg_ucx_md(md)->md, address, length,
+                                UCT_MD_MEM_REG_FIELD_VALUE(params, flags,
+                                                           FIELD_FLAGS, 0),
+                                memh_p);
+}
+
+ucs_status_t kreg_ucx_mem_attach(uct_md_h md, const void *mkey_buffer,
+                                 uct_md_mem_attach_params_t *params,
+                                 uct_mem_h *memh_p)
+{
+    return UCS_ERR_UNSUPPORTED;
+}
+#endif
 
 /* UCX's operations on a memh get the original; whatever they change in it
  * is copied back to the handle UCP holds. */

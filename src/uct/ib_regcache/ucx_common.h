@@ -1,6 +1,7 @@
 /*
  * Inside the version layer: what ucx_common.c (the part every UCX version
- * line does the same way) and ucx_1_13.c / ucx_1_22.c (what differs) share.
+ * line does the same way) and ucx_1_13.c (UCX 1.13-1.15) / ucx_1_16.c
+ * (1.16-1.22) (what differs) share.
  * Compiled, like them, with the UCX version's own config.h and private
  * headers: the same code here builds against each version's structs.
  */
@@ -9,9 +10,15 @@
 
 #include "ucx_layer.h"
 
+#include <ucp/api/ucp_version.h>
 #include <uct/base/uct_iface.h>
 #include <uct/base/uct_md.h>
 #include <uct/ib/base/ib_md.h>
+
+/* The UCX built against is 1.MINOR or later: a layer's #ifs within the
+ * minors it covers (configure picks the layer by version). */
+#define KREG_UCX_AT_LEAST(_minor) \
+    (UCP_API_VERSION >= UCP_VERSION(1, _minor))
 
 /* the md above the layer, handed to kreg_ucx_register */
 extern const kreg_md_ops_t *kreg_md_ops;
@@ -51,6 +58,17 @@ ucs_status_t kreg_ucx_md_open_with(const char *md_name,
 
 /* md operations that are the same on every version */
 void kreg_ucx_md_close(uct_md_h md);
+#if KREG_UCX_AT_LEAST(14)
+/* ... and on every version from 1.14, whose md ops take params structs and
+ * fill uct_md_attr_v2_t (1.13's are in ucx_1_13.c) */
+ucs_status_t kreg_ucx_md_query(uct_md_h md, uct_md_attr_v2_t *md_attr);
+ucs_status_t kreg_ucx_mem_reg(uct_md_h md, void *address, size_t length,
+                              const uct_md_mem_reg_params_t *params,
+                              uct_mem_h *memh_p);
+ucs_status_t kreg_ucx_mem_attach(uct_md_h md, const void *mkey_buffer,
+                                 uct_md_mem_attach_params_t *params,
+                                 uct_mem_h *memh_p);
+#endif
 ucs_status_t kreg_ucx_mem_dereg(uct_md_h md,
                                 const uct_md_mem_dereg_params_t *params);
 ucs_status_t kreg_ucx_mem_advise(uct_md_h md, uct_mem_h memh, void *addr,

@@ -2,10 +2,10 @@
  * The version layer's interface: what the rest of ib_regcache asks of UCX
  * beyond its public API, in types that do not change with UCX's version.
  * One implementation per UCX version line, chosen by configure from the UCX
- * built against: ucx_1_13.c (UCX 1.13, Debian 12) and ucx_1_22.c (UCX
- * 1.22). It alone includes UCX's private headers (compiled with UCX's
- * config.h and source tree, see Makefile.inc), and it calls nothing above
- * it but the kreg_md_ops_t it is handed.
+ * built against: ucx_1_13.c (UCX 1.13-1.15; 1.13 is Debian 12's) and
+ * ucx_1_16.c (UCX 1.16-1.22). It alone includes UCX's private headers
+ * (compiled with UCX's config.h and source tree, see Makefile.inc), and it
+ * calls nothing above it but the kreg_md_ops_t it is handed.
  */
 #ifndef UCX_KREG_UCX_LAYER_H
 #define UCX_KREG_UCX_LAYER_H

@@ -1,12 +1,13 @@
 /*
- * The version layer for UCX 1.22 (built and tested with 1.22.0): everything
- * of ib_regcache that depends on UCX's version and is not done the same way
+ * The version layer for UCX 1.16 to 1.22 (built and tested with 1.16.0,
+ * 1.17.0, 1.18.1, 1.19.1, 1.20.1, 1.21.0 and 1.22.0): everything of
+ * ib_regcache that depends on UCX's version and is not done the same way
  * for 1.13 (ucx_common.c), in one file, like ucx_1_13.c. Only the version
  * layer is compiled with UCX's config.h and private headers (Makefile.inc);
  * it calls nothing above it but the kreg_md_ops_t handed to
  * kreg_ucx_register.
  *
- * What changed since 1.13, and how it is met here:
+ * What changed since 1.13-1.15, and how it is met here:
  *  - the IB md has no cache and no REG_METHODS (1.16): our cache always
  *    sits on it when the kernel source runs, and UCX's md registers
  *    directly; there is no stock-md hook to install. The foreign cache is
@@ -28,8 +29,15 @@
  *  - the mlx5 transports live in libuct_ib_mlx5.so.0, another module that
  *    UCX may load after this one: only rc_verbs and ud_verbs are
  *    re-exported (rc_kreg, ud_kreg);
- *  - UCX loads this library from UCX_PLUGIN_PATH or its module directory,
- *    after UCP read its options: UCS_MODULE_INIT below tells when.
+ *  - UCX 1.22 loads this library from UCX_PLUGIN_PATH or its module
+ *    directory, after UCP read its options: UCS_MODULE_INIT below tells
+ *    when (1.16-1.21 load no module of ours: it is preloaded).
+ *
+ * Within 1.16-1.22 (KREG_UCX_AT_LEAST, each #if names its change): the
+ * rcache takes its alignment per lookup from 1.17 (before: params) and calls
+ * a merge callback from 1.18; md_attr has gva_mem_types from 1.18;
+ * mem_alloc takes a sys_dev and rkey_unpack params from 1.19; mem_elem_pack
+ * is an md op from 1.21 (its element type renamed in 1.22).
  */
 #include "ucx_common.h"
 
@@ -45,9 +53,9 @@
 
 #include <string.h>
 
-_Static_assert((UCP_API_MAJOR == 1) && (UCP_API_MINOR == 22),
-               "ucx_1_22.c is written for UCX 1.22 (built and tested with "
-               "1.22.0): another UCX needs its own version layer");
+_Static_assert(KREG_UCX_AT_LEAST(16) && !KREG_UCX_AT_LEAST(23),
+               "ucx_1_16.c is written for UCX 1.16 to 1.22: another UCX "
+               "needs its own version layer (configure picks it)");
 
 /* UCP's own default, ucp_mm.h: an rcache lookup, when RCACHE_OVERHEAD=auto */
 #define KREG_UCX_RCACHE_OVERHEAD_DEFAULT 50.0e-9
@@ -102,34 +110,6 @@ ucs_status_t kreg_ucx_open_ib_md(kreg_md_t *md,
     return status;
 }
 
-ucs_status_t kreg_ucx_ib_md_query(kreg_md_t *md, uct_md_attr_t *md_attr)
-{
-    uct_md_attr_v2_t attr = {};
-    ucs_status_t status;
-
-    status = kreg_ucx_of(md)->orig->query(md->ib_md, &attr);
-    if (status != UCS_OK) {
-        return status;
-    }
-    /* what open.c reads: the capabilities and the registration cost */
-    memset(md_attr, 0, sizeof(*md_attr));
-    md_attr->cap.flags = attr.flags;
-    md_attr->reg_cost  = attr.reg_cost;
-    return UCS_OK;
-}
-
-ucs_status_t kreg_ucx_ib_mem_reg(kreg_md_t *md, void *address, size_t length,
-                                 unsigned flags, uct_mem_h *memh_p)
-{
-    uct_md_mem_reg_params_t params = {
-        .field_mask = UCT_MD_MEM_REG_FIELD_FLAGS,
-        .flags      = flags
-    };
-
-    return kreg_ucx_of(md)->orig->mem_reg(md->ib_md, address, length, &params,
-                                          memh_p);
-}
-
 size_t kreg_ucx_memh_size(kreg_md_t *md)
 {
     /* the part of UCX's handle the verbs transports read (its lkey); the
@@ -150,15 +130,19 @@ int kreg_ucx_uses_global_odp(kreg_md_t *md)
  * device's full access, and a later hit that asks for remote atomics marks
  * the handle (kreg_md_mem_reg), as on UCX 1.13, whose rcache has no merge
  * callback. */
+#if KREG_UCX_AT_LEAST(18)
 static void kreg_ucx_rcache_merge(void *context, ucs_rcache_t *rcache,
                                   void *arg, ucs_rcache_region_t *region)
 {
 }
+#endif
 
 static ucs_rcache_ops_t kreg_ucx_rcache_ops = {
     .mem_reg     = kreg_ucx_rcache_mem_reg,
     .mem_dereg   = kreg_ucx_rcache_mem_dereg,
+#if KREG_UCX_AT_LEAST(18) /* UCS calls merge without a NULL check */
     .merge       = kreg_ucx_rcache_merge,
+#endif
     .dump_region = kreg_ucx_rcache_dump
 };
 
@@ -171,6 +155,12 @@ ucs_status_t kreg_ucx_rcache_create(kreg_md_t *md,
 
     /* UCS's rcache settings (event priority, limits, purge on fork) */
     ucs_rcache_set_params(&params, &kc->rcache);
+#if !KREG_UCX_AT_LEAST(17)
+    /* 1.16: the alignment is the cache's, not the lookup's: whole pages,
+     * as every watch covers (kreg_ucs_rcache_get passes it from 1.17) */
+    params.alignment     = ucs_get_page_size();
+    params.max_alignment = ucs_get_page_size();
+#endif
     return kreg_ucx_rcache_create_with(md, &params, &kreg_ucx_rcache_ops,
                                        rcache_p);
 }
@@ -192,51 +182,13 @@ static ucs_status_t kreg_ucx_md_open(uct_component_t *component,
         .require_kernel  = config->require_kernel,
         .want_cache      = 1,
         .reg_methods     = "",
-        .rcache_overhead = ucs_time_units_to_sec(
-                config->rcache.overhead, KREG_UCX_RCACHE_OVERHEAD_DEFAULT)
+        .rcache_overhead = (config->rcache.overhead == UCS_TIME_AUTO) ?
+                           KREG_UCX_RCACHE_OVERHEAD_DEFAULT :
+                           ucs_time_to_sec(config->rcache.overhead)
     };
 
     return kreg_ucx_md_open_with(md_name, &open_config, kreg_ucx_set_md_ops,
                                  md_p);
-}
-
-static ucs_status_t kreg_ucx_md_query(uct_md_h md, uct_md_attr_v2_t *md_attr)
-{
-    kreg_ucx_md_t *umd = kreg_ucx_md(md);
-    ucs_status_t status;
-
-    status = umd->orig->query(md, md_attr);
-    if (status != UCS_OK) {
-        return status;
-    }
-    md_attr->reg_cost          = umd->md.reg_cost;
-    /* Host memory only, registered through our cache: no allocation (its
-     * memh would not be ours), no dmabuf or GVA registration (their handles
-     * bypass the cache), no exported or imported keys (mem_attach). */
-    md_attr->flags            &= ~(UCT_MD_FLAG_ALLOC | UCT_MD_FLAG_REG_DMABUF |
-                                   UCT_MD_FLAG_EXPORTED_MKEY);
-    md_attr->alloc_mem_types   = 0;
-    md_attr->reg_mem_types    &= UCS_BIT(UCS_MEMORY_TYPE_HOST);
-    md_attr->reg_nonblock_mem_types &= UCS_BIT(UCS_MEMORY_TYPE_HOST);
-    md_attr->dmabuf_mem_types  = 0;
-    md_attr->gva_mem_types     = 0;
-    /* Nothing may cache above this md: UCP's cache would hit without our
-     * check (the cross-thread window the counter closes). UCP 1.22 does not
-     * honour this for every path (one rcache for all mds), which is why its
-     * cache is turned off altogether (kreg_ucp_rcache_state_t). */
-    md_attr->cache_mem_types   = 0;
-    return UCS_OK;
-}
-
-static ucs_status_t kreg_ucx_mem_reg(uct_md_h md, void *address,
-                                     size_t length,
-                                     const uct_md_mem_reg_params_t *params,
-                                     uct_mem_h *memh_p)
-{
-    return kreg_md_ops->mem_reg(&kreg_ucx_md(md)->md, address, length,
-                                UCT_MD_MEM_REG_FIELD_VALUE(params, flags,
-                                                           FIELD_FLAGS, 0),
-                                memh_p);
 }
 
 static ucs_status_t kreg_ucx_mkey_pack(uct_md_h md, uct_mem_h memh,
@@ -257,7 +209,9 @@ static ucs_status_t kreg_ucx_mkey_pack(uct_md_h md, uct_mem_h memh,
 static ucs_status_t kreg_ucx_mem_alloc(uct_md_h md, size_t *length_p,
                                        void **address_p,
                                        ucs_memory_type_t mem_type,
+#if KREG_UCX_AT_LEAST(19)
                                        ucs_sys_device_t sys_dev,
+#endif
                                        unsigned flags, const char *alloc_name,
                                        uct_mem_h *memh_p)
 {
@@ -269,19 +223,19 @@ static ucs_status_t kreg_ucx_mem_free(uct_md_h md, uct_mem_h memh)
     return UCS_ERR_UNSUPPORTED;
 }
 
-static ucs_status_t kreg_ucx_mem_attach(uct_md_h md, const void *mkey_buffer,
-                                        uct_md_mem_attach_params_t *params,
-                                        uct_mem_h *memh_p)
-{
-    return UCS_ERR_UNSUPPORTED;
-}
-
+#if KREG_UCX_AT_LEAST(21)
+#if KREG_UCX_AT_LEAST(22)
+typedef uct_device_mem_elem_t kreg_ucx_mem_elem_t;
+#else
+typedef uct_device_mem_element_t kreg_ucx_mem_elem_t;
+#endif
 static ucs_status_t kreg_ucx_mem_elem_pack(uct_md_h md, uct_mem_h memh,
                                            uct_rkey_t rkey,
-                                           uct_device_mem_elem_t *mem_elem_p)
+                                           kreg_ucx_mem_elem_t *mem_elem_p)
 {
     return UCS_ERR_UNSUPPORTED;
 }
+#endif
 
 /* UCX's ops of each md, and ours where the cache is and where a call takes
  * a memory handle */
@@ -296,11 +250,14 @@ static void kreg_ucx_set_md_ops(uct_md_ops_t *ops)
     ops->mem_dereg     = kreg_ucx_mem_dereg;
     ops->mkey_pack     = kreg_ucx_mkey_pack;
     ops->mem_attach    = kreg_ucx_mem_attach;
+#if KREG_UCX_AT_LEAST(21)
     ops->mem_elem_pack = kreg_ucx_mem_elem_pack;
+#endif
 }
 
 /* ---- the component ------------------------------------------------------- */
 
+#if KREG_UCX_AT_LEAST(19)
 static ucs_status_t kreg_ucx_rkey_unpack(uct_component_t *component,
                                          const void *rkey_buffer,
                                          const uct_rkey_unpack_params_t *params,
@@ -309,6 +266,15 @@ static ucs_status_t kreg_ucx_rkey_unpack(uct_component_t *component,
     return uct_ib_component.rkey_unpack(&uct_ib_component, rkey_buffer,
                                         params, rkey_p, handle_p);
 }
+#else
+static ucs_status_t kreg_ucx_rkey_unpack(uct_component_t *component,
+                                         const void *rkey_buffer,
+                                         uct_rkey_t *rkey_p, void **handle_p)
+{
+    return uct_ib_component.rkey_unpack(&uct_ib_component, rkey_buffer,
+                                        rkey_p, handle_p);
+}
+#endif
 
 static ucs_status_t
 kreg_ucx_rkey_compare(uct_component_t *component, uct_rkey_t rkey1,
@@ -352,6 +318,7 @@ void kreg_ucx_unregister(void)
 
 /* ---- loaded by UCX ------------------------------------------------------- */
 
+#if KREG_UCX_AT_LEAST(22)
 static int kreg_ucx_loaded_as_module;
 
 /* UCX's module loader calls this after dlopen (ucs_module_init), and only
@@ -369,3 +336,9 @@ int kreg_ucx_loaded_after_ucp_config(void)
 {
     return kreg_ucx_loaded_as_module;
 }
+#else
+int kreg_ucx_loaded_after_ucp_config(void)
+{
+    return 0; /* UCX 1.16-1.21 load no module of ours: LD_PRELOAD or dlopen */
+}
+#endif
