@@ -49,8 +49,9 @@ struct ucs_rcache_region;
 KREG_API extern size_t kreg_page_size;
 
 /* UCS's rcache API across the UCX versions this builds against (1.13.1 and
- * 1.22.0 are built and tested): ucs_rcache_get takes the region alignment
- * since UCX 1.17 (before, ucs_rcache_params_t's alignment fields set it);
+ * every release from 1.14.1 to 1.22.0 are built and tested): ucs_rcache_get
+ * takes the region alignment since UCX 1.17 (before, ucs_rcache_params_t's
+ * alignment fields set it);
  * since 1.18 ucs_rcache_ops_t has a merge callback that UCS calls without
  * checking it for NULL. */
 #define KREG_UCS_RCACHE_GET_ALIGNS (UCP_API_VERSION >= UCP_VERSION(1, 17))

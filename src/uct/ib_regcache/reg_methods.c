@@ -2,8 +2,8 @@
  * UCX 1.13's registration method lists (UCX_IB_REG_METHODS, default
  * "rcache,odp,direct": the IB md uses the first that works; UCX 1.16 dropped
  * them with the IB md's own cache), and the stock "ib" md next to this
- * library (the foreign rcache hazard of doc/design.md). Built for UCX 1.13
- * only; ucx_1_13.c applies both.
+ * library (the foreign rcache hazard of doc/design.md). Built for UCX
+ * 1.13-1.15 only (ucx_1_13.c's layer), which applies both.
  *
  * The stock md:
  *

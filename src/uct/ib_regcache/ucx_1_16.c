@@ -26,9 +26,10 @@
  *    component's md_open is the way in);
  *  - rcache settings are UCS's table (UCX_RCACHE_*, as UCP's), read again
  *    under our prefix (UCX_IB_REGCACHE_RCACHE_*);
- *  - the mlx5 transports live in libuct_ib_mlx5.so.0, another module that
- *    UCX may load after this one: only rc_verbs and ud_verbs are
- *    re-exported (rc_kreg, ud_kreg);
+ *  - from 1.18 the mlx5 transports live in libuct_ib_mlx5.so.0, another
+ *    module that UCX may load after this one: only rc_verbs and ud_verbs
+ *    are re-exported (rc_kreg, ud_kreg), on 1.16 and 1.17 too (one list
+ *    for the layer; rxe, the only device here, is not mlx5);
  *  - UCX 1.22 loads this library from UCX_PLUGIN_PATH or its module
  *    directory, after UCP read its options: UCS_MODULE_INIT below tells
  *    when (1.16-1.21 load no module of ours: it is preloaded).
@@ -51,6 +52,7 @@
 #include <ucs/time/time.h>
 #include <ucs/vfs/base/vfs_obj.h>
 
+#include <math.h>
 #include <string.h>
 
 _Static_assert(KREG_UCX_AT_LEAST(16) && !KREG_UCX_AT_LEAST(23),
@@ -167,6 +169,22 @@ ucs_status_t kreg_ucx_rcache_create(kreg_md_t *md,
 
 /* ---- our md operations --------------------------------------------------- */
 
+/* UCS's time option in seconds: "auto" is auto_val, "inf" infinite
+ * (ucs_time_units_to_sec from 1.17; 1.16 has the same values without it) */
+static double kreg_ucx_time_to_sec(ucs_time_t t, double auto_val)
+{
+#if KREG_UCX_AT_LEAST(17)
+    return ucs_time_units_to_sec(t, auto_val);
+#else
+    if (t == UCS_TIME_AUTO) {
+        return auto_val;
+    } else if (t == UCS_TIME_INFINITY) {
+        return INFINITY;
+    }
+    return ucs_time_to_sec(t);
+#endif
+}
+
 static void kreg_ucx_set_md_ops(uct_md_ops_t *ops);
 
 static ucs_status_t kreg_ucx_md_open(uct_component_t *component,
@@ -182,9 +200,8 @@ static ucs_status_t kreg_ucx_md_open(uct_component_t *component,
         .require_kernel  = config->require_kernel,
         .want_cache      = 1,
         .reg_methods     = "",
-        .rcache_overhead = (config->rcache.overhead == UCS_TIME_AUTO) ?
-                           KREG_UCX_RCACHE_OVERHEAD_DEFAULT :
-                           ucs_time_to_sec(config->rcache.overhead)
+        .rcache_overhead = kreg_ucx_time_to_sec(
+                config->rcache.overhead, KREG_UCX_RCACHE_OVERHEAD_DEFAULT)
     };
 
     return kreg_ucx_md_open_with(md_name, &open_config, kreg_ucx_set_md_ops,
@@ -293,8 +310,8 @@ uct_component_t kreg_component = {
 };
 
 /* ---- the transports and registration -------------------------------------- *
- * UCX's verbs transports (ucx_common.h); the mlx5 ones are another module
- * of UCX's since 1.18 and are not re-exported. */
+ * UCX's verbs transports (ucx_common.h); the mlx5 ones (another module of
+ * UCX's since 1.18) are not re-exported. */
 extern uct_tl_t uct_rc_verbs_tl;
 extern uct_tl_t uct_ud_verbs_tl;
 

@@ -137,13 +137,23 @@ void kreg_ucx_md_close(uct_md_h md)
     ucs_free(umd);
 }
 
+/* What makes an invalidating dereg valid: from 1.15 UCX's IB md accepts it
+ * with invalidation of either RMA or atomics (ib_md.h's param check) */
+#if KREG_UCX_AT_LEAST(15)
+#define KREG_UCX_MD_FLAGS_INVALIDATE \
+    (UCT_MD_FLAG_INVALIDATE | UCT_MD_FLAG_INVALIDATE_RMA | \
+     UCT_MD_FLAG_INVALIDATE_AMO)
+#else
+#define KREG_UCX_MD_FLAGS_INVALIDATE UCT_MD_FLAG_INVALIDATE
+#endif
+
 ucs_status_t kreg_ucx_mem_dereg(uct_md_h md,
                                 const uct_md_mem_dereg_params_t *params)
 {
     kreg_md_t *kmd = &kreg_ucx_md(md)->md;
 
     UCT_MD_MEM_DEREG_CHECK_PARAMS(params,
-                                  kmd->cap_flags & UCT_MD_FLAG_INVALIDATE);
+                                  kmd->cap_flags & KREG_UCX_MD_FLAGS_INVALIDATE);
     return kreg_md_ops->mem_dereg(kmd, params->memh,
                                   (UCT_MD_MEM_DEREG_FIELD_VALUE(params, flags,
                                                                 FIELD_FLAGS, 0) &
