@@ -2,9 +2,9 @@
  * The version layer for UCX 1.13 to 1.15 (built and tested with 1.13.1,
  * 1.14.1 and 1.15.0): what of ib_regcache depends on those UCX versions,
  * whose IB md keeps its own cache, and is not done the same way for
- * 1.16-1.22 (ucx_common.c holds that part). Only the version layer is compiled with
- * UCX's config.h and private headers (Makefile.inc); the rest sees it
- * through ucx_layer.h.
+ * 1.16-1.22 (ucx_common.c holds that part). Only the version layer is
+ * compiled with UCX's config.h and private headers (Makefile.inc); the rest
+ * sees it through ucx_layer.h.
  *
  * What depends on UCX 1.13 here:
  *  - uct_component_t and uct_md_ops_t signatures (mem_reg with flags,

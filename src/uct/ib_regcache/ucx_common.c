@@ -150,10 +150,10 @@ void kreg_ucx_md_close(uct_md_h md)
 ucs_status_t kreg_ucx_mem_dereg(uct_md_h md,
                                 const uct_md_mem_dereg_params_t *params)
 {
-    kreg_md_t *kmd = &kreg_ucx_md(md)->md;
+    kreg_md_t *kmd         = &kreg_ucx_md(md)->md;
+    const uint64_t inv_cap = kmd->cap_flags & KREG_UCX_MD_FLAGS_INVALIDATE;
 
-    UCT_MD_MEM_DEREG_CHECK_PARAMS(params,
-                                  kmd->cap_flags & KREG_UCX_MD_FLAGS_INVALIDATE);
+    UCT_MD_MEM_DEREG_CHECK_PARAMS(params, inv_cap);
     return kreg_md_ops->mem_dereg(kmd, params->memh,
                                   (UCT_MD_MEM_DEREG_FIELD_VALUE(params, flags,
                                                                 FIELD_FLAGS, 0) &
