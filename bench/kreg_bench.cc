@@ -19,7 +19,8 @@
  *
  *   # backend: NAME mode: NAME                     what "default" is here
  *   P1 <workload>.<default|hooks>/no_ucx <ratio>   unregistered malloc/mmap
- *      (malloc_free_300k, malloc_touch_free_300k, mmap_munmap_4k, _1m)
+ *      (malloc_free_300k, malloc_touch_free_300k, mmap_munmap_4k, _1m;
+ *      the mmaps at one fixed place in every process, see p1_slot)
  *   P2 hit_<size>.<config>/hooks <ratio>           cache hit (lookup+get+put)
  *   P3 munmap_1m[_to_rcache].<config>/hooks <ratio> freeing a cached buffer
  *   P4 miss_64k.<config>/nowatch <ratio>           the watch in a miss
