@@ -111,16 +111,44 @@ batch_times time_batches(Batch &&batch, double ms, size_t min_batches = 5)
     return {median(ns), median(in_ref), median(ref)};
 }
 
-/* Keeps the compiler from dropping a malloc/free pair or a store. */
-inline void escape(void *p)
-{
-    asm volatile("" : : "g"(p) : "memory");
-}
-
 [[noreturn]] inline void die(const char *what)
 {
     fprintf(stderr, "bench: %s: %s\n", what, strerror(errno));
     exit(2);
+}
+
+/*
+ * Where a measured mmap lands, the same in every configuration: 1 MiB free
+ * inside a reserved PROT_NONE area, 512 KiB into a 2 MiB page table the
+ * reservation keeps (no merge: other protection; no page table freed). Left
+ * to mmap(NULL), a mapping lands below whatever the process mapped last: it
+ * merges with a neighbour (munmap then splits a VMA) or sits alone in its
+ * 2 MiB (munmap then frees a page table, on x86 with an IPI to every CPU);
+ * under TCG that moved one configuration's 1 MiB mmap+munmap between 52 and
+ * 135 us from process to process. Map it with MAP_FIXED_NOREPLACE; the
+ * reservation stays for the process.
+ */
+inline char *fixed_slot()
+{
+    const size_t huge = size_t(2) << 20;
+    char *area = static_cast<char *>(mmap(nullptr, 2 * huge, PROT_NONE,
+                                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                                          -1, 0));
+    if (area == MAP_FAILED) {
+        die("mmap");
+    }
+    char *slot = reinterpret_cast<char *>(
+            ((reinterpret_cast<uintptr_t>(area) + huge - 1) & ~(huge - 1)) + huge / 4);
+    if (munmap(slot, size_t(1) << 20) != 0) {
+        die("munmap");
+    }
+    return slot;
+}
+
+/* Keeps the compiler from dropping a malloc/free pair or a store. */
+inline void escape(void *p)
+{
+    asm volatile("" : : "g"(p) : "memory");
 }
 
 /* ---- one configuration per process ---------------------------------- */

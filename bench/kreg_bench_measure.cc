@@ -62,33 +62,6 @@ template <class F> batch_times per_op_in_ref(F &&f)
 
 /* ---- P1: unregistered memory ------------------------------------------ */
 
-/*
- * Where P1's mmap/munmap land, the same in every configuration. Left to
- * mmap(NULL), a mapping lands below whatever the process mapped last: it
- * merges with a neighbour (munmap then splits a VMA) or sits alone in its
- * 2 MiB (munmap then frees a page table, on x86 with an IPI to every CPU).
- * Under TCG that moved one configuration's 1 MiB mmap+munmap between 52 and
- * 135 us from process to process, whatever the configuration. Here: 1 MiB
- * free inside a reserved PROT_NONE area, 512 KiB into a 2 MiB page table
- * the reservation keeps (no merge: other protection; no page table freed).
- */
-char *p1_slot()
-{
-    const size_t huge = size_t(2) << 20;
-    char *area = static_cast<char *>(mmap(nullptr, 2 * huge, PROT_NONE,
-                                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                                          -1, 0));
-    if (area == MAP_FAILED) {
-        die("mmap");
-    }
-    char *slot = reinterpret_cast<char *>(
-            ((reinterpret_cast<uintptr_t>(area) + huge - 1) & ~(huge - 1)) + huge / 4);
-    if (munmap(slot, size_t(1) << 20) != 0) {
-        die("munmap");
-    }
-    return slot; /* the reservation around it stays for the process */
-}
-
 void measure_unregistered()
 {
     result("P1.malloc_free_300k", per_op([](uint64_t n) {
@@ -114,7 +87,7 @@ void measure_unregistered()
         }
         return now_ns() - t0;
     }));
-    char *const slot = p1_slot();
+    char *const slot = fixed_slot(); /* bench_util.h: where it lands */
     for (size_t size : {page_size(), size_t(1) << 20}) {
         const std::string key = size == page_size() ? "P1.mmap_munmap_4k" :
                                                       "P1.mmap_munmap_1m";

@@ -57,6 +57,13 @@
  * set in the child's environment before exec, never dlopen'ed: DIR
  * (--plugins), default BUILD/plugins for --lib BUILD/.libs/....
  *
+ * Then, in the same child, P3 with real registrations (measure_free_cached):
+ * a 1 MiB buffer registered (ibv_reg_mr, counted: every round must miss),
+ * released into the cache, and its munmap timed, the invalidation included
+ * (1.13: uct_md_mem_reg + dereg; 1.22: ucp_mem_map + unmap):
+ *
+ *   P3 md_munmap_1m.sync/stock_md 1.10    median ratio of the ns
+ *
  * A run takes every configuration once, in an order that rotates from run
  * to run; a child times batches of operations for about MS ms, each batch
  * between two runs of a reference loop, and reports the median batch in ns
@@ -87,7 +94,6 @@
 #define MD_BENCH_UCP 0
 #endif
 
-#if MD_BENCH_UCP
 /* ---- counting ibv_reg_mr --------------------------------------------------- *
  * UCX's IB md (libuct_ib.so.0, loaded by UCX) calls ibv_reg_mr_iova2
  * (rdma-core's inline ibv_reg_mr with non-constant access flags) or
@@ -137,7 +143,6 @@ ibv_reg_mr(void *pd, void *addr, size_t length, int access)
     return real(pd, addr, length, access);
 }
 }
-#endif
 
 using namespace bench;
 
@@ -166,11 +171,7 @@ template <class Op> batch_times time_ops(Op &&op, double ms)
 
 uint64_t reg_mr_count()
 {
-#if MD_BENCH_UCP
     return reg_mr_calls.load(std::memory_order_relaxed);
-#else
-    return 0;
-#endif
 }
 
 /* ours: prints the "# backend:" line; false if the kernel source does not
@@ -199,6 +200,54 @@ void *map_buffer()
     }
     memset(buf, 1, kLen);
     return buf;
+}
+
+/*
+ * P3 with real registrations: a 1 MiB buffer mapped, written, registered (a
+ * miss: ibv_reg_mr pins it) and released into the cache by reg_put, then
+ * its munmap timed: what freeing a cached buffer costs, the invalidation
+ * included (UCM's hook runs inside munmap; synchronous delivery's handler
+ * before munmap returns). The buffer is mapped at one place every round
+ * (bench_util.h, fixed_slot), so every registration must call ibv_reg_mr:
+ * a hit would be the last round's registration of the same address, stale.
+ */
+constexpr size_t kFreeLen = size_t(1) << 20;
+
+template <class RegPut>
+int measure_free_cached(const std::string &config, RegPut &&reg_put, double ms)
+{
+    char *const slot = fixed_slot();
+    uint64_t round = 0, stale = 0;
+    const batch_times t = time_batches([&]() -> double {
+        constexpr unsigned batch = 8;
+        uint64_t ns = 0;
+        for (unsigned i = 0; i < batch; ++i, ++round) {
+            void *p = mmap(slot, kFreeLen, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+            if (p == MAP_FAILED) {
+                die("mmap");
+            }
+            memset(p, static_cast<int>(round), kFreeLen);
+            const uint64_t regs = reg_mr_count();
+            if (!reg_put(p, kFreeLen)) {
+                return -1;
+            }
+            stale += reg_mr_count() == regs;
+            const uint64_t t0 = now_ns();
+            munmap(p, kFreeLen);
+            ns += now_ns() - t0;
+        }
+        return static_cast<double>(ns) / batch;
+    }, ms);
+    if ((t.ns < 0) || stale) {
+        fprintf(stderr, "md_bench: %s: P3: %s\n", config.c_str(), (t.ns < 0) ?
+                "a registration failed" : "a registration of a new buffer hit the "
+                "cache (stale)");
+        return 4;
+    }
+    printf("R md_munmap_1m %.2f\n", t.ns);
+    printf("R md_munmap_1m.ref %.4f\n", t.in_ref);
+    return 0;
 }
 
 int report(const std::string &config, const batch_times &t, bool hit)
@@ -263,7 +312,7 @@ int child_uct(const std::string &config, const std::string &lib,
     }
     uct_md_mem_dereg(md, first);
     const uint64_t regs1 = reg_mr_count();
-    if (MD_BENCH_UCP && (regs1 == regs0)) {
+    if (regs1 == regs0) {
         fprintf(stderr, "md_bench: %s: the first registration called no "
                 "ibv_reg_mr: cannot tell hits from misses\n", config.c_str());
         return 4;
@@ -279,15 +328,26 @@ int child_uct(const std::string &config, const std::string &lib,
         uct_md_mem_dereg(md, memh);
         return true;
     }, ms);
-    if (MD_BENCH_UCP && (reg_mr_count() != regs1)) {
+    if (reg_mr_count() != regs1) {
         fprintf(stderr, "md_bench: %s: %lu ibv_reg_mr calls while timing\n",
                 config.c_str(), (unsigned long)(reg_mr_count() - regs1));
         hit = false;
     }
+    int rc = report(config, t, hit);
+    if (rc == 0) {
+        rc = measure_free_cached(config, [&](void *p, size_t len) {
+            uct_mem_h memh;
+            if (uct_md_mem_reg(md, p, len, UCT_MD_MEM_ACCESS_ALL, &memh) != UCS_OK) {
+                return false;
+            }
+            uct_md_mem_dereg(md, memh);
+            return true;
+        }, ms);
+    }
 
     uct_md_close(md);
     munmap(buf, kLen);
-    return report(config, t, hit);
+    return rc;
 }
 
 #if MD_BENCH_UCP
@@ -420,10 +480,26 @@ int child_ucp(const std::string &config, double ms)
     if (reg_mr_count() != regs1) {
         hit = false;
     }
+    int rc = report(config, t, hit);
+    if (rc == 0) {
+        rc = measure_free_cached(config, [&](void *p, size_t len) {
+            ucp_mem_map_params_t fp = {};
+            fp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                            UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+            fp.address    = p;
+            fp.length     = len;
+            ucp_mem_h m;
+            if (ucp_mem_map(ctx, &fp, &m) != UCS_OK) {
+                return false;
+            }
+            ucp_mem_unmap(ctx, m);
+            return true;
+        }, ms);
+    }
 
     ucp_cleanup(ctx);
     munmap(buf, kLen);
-    return report(config, t, hit);
+    return rc;
 }
 #endif
 
@@ -498,6 +574,8 @@ int parent(int reps, const std::string &lib, const std::string &device,
     std::map<std::string, std::vector<double>> ns_ratios; /* the same in ns */
     std::map<std::string, std::vector<double>> ref_ns;    /* the loop's speed */
     std::map<std::string, std::vector<double>> in_ref;    /* cfg -> per run */
+    /* P3: the munmap of a cached 1 MiB buffer, ns and reference-loop units */
+    std::map<std::string, std::vector<double>> free_ns, free_ratios, free_ref_ratios;
     std::string backend_line;
     int rc = 0;
 
@@ -515,7 +593,7 @@ int parent(int reps, const std::string &lib, const std::string &device,
            "buffer; %d runs, %.0f ms per child\n", reps, ms);
 #endif
     for (int rep = 0; rep < reps; ++rep) {
-        std::map<std::string, double> run, run_ns, run_ref_ns;
+        std::map<std::string, double> run, run_ns, run_ref_ns, run_free, run_free_ref;
         for (size_t i = 0; i < cfgs.size(); ++i) {
             const std::string &cfg = cfgs[(i + rep) % cfgs.size()];
             std::vector<std::string> args = {"--child", cfg, "--lib", lib, "--ms",
@@ -534,6 +612,10 @@ int parent(int reps, const std::string &lib, const std::string &device,
                                        run_ns[cfg] = v;
                                    } else if (strcmp(key, "md_hit_64k.ref_ns") == 0) {
                                        run_ref_ns[cfg] = v;
+                                   } else if (strcmp(key, "md_munmap_1m") == 0) {
+                                       run_free[cfg] = v;
+                                   } else if (strcmp(key, "md_munmap_1m.ref") == 0) {
+                                       run_free_ref[cfg] = v;
                                    }
                                });
             if (res.status != 0) {
@@ -550,6 +632,15 @@ int parent(int reps, const std::string &lib, const std::string &device,
                 (run_ns["stock_md"] > 0)) {
                 ratios[cfg].push_back(v / run["stock_md"]);
                 ns_ratios[cfg].push_back(run_ns[cfg] / run_ns["stock_md"]);
+            }
+        }
+        for (const auto &[cfg, v] : run_free) {
+            free_ns[cfg].push_back(v);
+            if ((cfg != "stock_md") && (run_free["stock_md"] > 0) &&
+                (run_free_ref["stock_md"] > 0)) {
+                free_ratios[cfg].push_back(v / run_free["stock_md"]);
+                free_ref_ratios[cfg].push_back(run_free_ref[cfg] /
+                                               run_free_ref["stock_md"]);
             }
         }
     }
@@ -587,6 +678,25 @@ int parent(int reps, const std::string &lib, const std::string &device,
                label.c_str(), median(ns[cfg]), median(ns["stock_md"]), r.size(),
                *mm.first, *mm.second, median(ns_ratios[cfg]), median(ref_ns[cfg]),
                median(ref_ns["stock_md"]));
+    }
+    /* P3 at the same level as the hit (on 1.22 UCP's; not uct_default) */
+    for (const std::string &cfg : cfgs) {
+        if ((cfg == "stock_md") || (cfg == "uct_default")) {
+            continue;
+        }
+        const std::string label = "md_munmap_1m." + cfg + "/stock_md";
+        const auto &r = free_ratios[cfg];
+        if (r.empty()) {
+            printf("P3 %s n/a\n", label.c_str());
+            rc = 1;
+            continue;
+        }
+        const auto mm = std::minmax_element(r.begin(), r.end());
+        printf("P3 %s %.2f\n", label.c_str(), median(r));
+        printf("# raw %s: %.1f ns vs %.1f ns (medians); ratio over %zu runs %.2f..%.2f "
+               "(the figure, in ns); in reference-loop units %.2f\n", label.c_str(),
+               median(free_ns[cfg]), median(free_ns["stock_md"]), r.size(), *mm.first,
+               *mm.second, median(free_ref_ratios[cfg]));
     }
     return rc;
 }
