@@ -16,11 +16,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <csignal>
 #include <functional>
 #include <fcntl.h>
 #include <mutex>
 #include <string>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -162,10 +164,13 @@ using kreg_tools::env_change;
  *   default         the kernel source as a user gets it: nothing set
  *   plain           the default backend in plain mode (measurements only)
  *   uffd, uffd-plain, notifier, notifier-plain   one backend, one mode
+ *   sync_user       UCX's defaults with UCM_EVENT_VM_UNMAPPED external and
+ *                   no source of ours: the benchmark reports its own unmaps
+ *                   from a signal handler (kreg_bench's P3, any machine)
  * Kernel configurations run with UCM's hooks off. */
 inline bool is_kernel_config(const std::string &name)
 {
-    return (name != "no_ucx") && (name != "hooks");
+    return (name != "no_ucx") && (name != "hooks") && (name != "sync_user");
 }
 
 inline std::vector<env_change> env_for(const std::string &name)
@@ -234,6 +239,56 @@ inline void read_child_results(const std::string &output, const std::string &cfg
         } else if (!line.empty() && (line[0] != '#')) {
             fprintf(stderr, "[%s] %s\n", cfg.c_str(), line.c_str());
         }
+    }
+}
+
+/*
+ * sync_user: synchronous delivery's user-space part without the module, so
+ * that P3's share of it can be measured where no module loads (the host)
+ * and beside the module's in the guest. After each measured munmap the
+ * thread sends itself the signal, and its handler does what libucm_kernel's
+ * does: a system call (DRAIN), the report to UCM, a system call (the
+ * acknowledgement). The module's callback (a page-table walk to the first
+ * pinned page, the queue, send_sig_info) is not in it; raise() is one
+ * system call more than the module's path has.
+ */
+inline std::atomic<uintptr_t> g_sync_user_addr{0};
+inline std::atomic<size_t>    g_sync_user_len{0};
+inline bool                   g_sync_user = false;
+
+inline void sync_user_handler(int, siginfo_t *, void *)
+{
+    const int saved = errno;
+    syscall(SYS_getppid);
+    ucm_vm_munmap(reinterpret_cast<void *>(g_sync_user_addr.load()),
+                  g_sync_user_len.load());
+    syscall(SYS_getppid);
+    errno = saved;
+}
+
+/* before UCX creates its caches (UCM then installs no unmap hook) */
+inline bool sync_user_start()
+{
+    struct sigaction sa = {};
+    sa.sa_sigaction = sync_user_handler;
+    sa.sa_flags     = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGRTMIN + 4, &sa, nullptr) != 0) {
+        fprintf(stderr, "bench: sigaction: %s\n", strerror(errno));
+        return false;
+    }
+    ucm_set_external_event(UCM_EVENT_VM_UNMAPPED);
+    g_sync_user = true;
+    return true;
+}
+
+/* After a measured munmap(p, len): where the module's signal is taken. */
+inline void sync_user_report(void *p, size_t len)
+{
+    if (g_sync_user) {
+        g_sync_user_addr = reinterpret_cast<uintptr_t>(p);
+        g_sync_user_len  = len;
+        raise(SIGRTMIN + 4);
     }
 }
 

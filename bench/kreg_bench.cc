@@ -182,13 +182,14 @@ std::vector<figure> figures(const std::vector<std::string> &cfgs, bool with_p1)
         }
     }
     for (const std::string &cfg : cfgs) {
-        if ((cfg == "default") || (cfg == "uffd") || (cfg == "sync")) {
+        if ((cfg == "default") || (cfg == "uffd") || (cfg == "sync") ||
+            (cfg == "sync_user")) {
             for (const char *k : {"munmap_1m", "munmap_1m_to_rcache"}) {
                 figs.push_back({"P3", std::string("P3.") + k, cfg, "hooks",
                                 std::string("P3.") + k,
                                 std::string(k) + "." + cfg + "/hooks"});
             }
-            if (cfg == "sync") {
+            if ((cfg == "sync") || (cfg == "sync_user")) {
                 continue; /* no watch of ours: no P4 */
             }
             figs.push_back({"P4", "P4.miss_64k_watch", cfg, cfg, "P4.miss_64k_nowatch",
@@ -255,7 +256,9 @@ bool notifier_is_default()
 
 int parent(int reps)
 {
-    std::vector<std::string> cfgs = {"no_ucx", "default", "hooks", "plain"};
+    /* sync_user: synchronous delivery's signal and handler without the
+     * module (P3 only), where "sync" cannot run too */
+    std::vector<std::string> cfgs = {"no_ucx", "default", "hooks", "plain", "sync_user"};
     if (notifier_is_default()) {
         cfgs.push_back("uffd");
         cfgs.push_back("sync"); /* UCX's own cache, synchronous delivery */

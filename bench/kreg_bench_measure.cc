@@ -252,6 +252,7 @@ void measure_free_cached(bench_cache *c)
             const uint64_t target = g_probe.seen.load() + 1;
             const uint64_t t0     = now_ns();
             munmap(p, size);
+            sync_user_report(p, size);
             const uint64_t t1 = now_ns();
             if (!wait_probe(target)) {
                 ++lost;
@@ -367,8 +368,11 @@ int child(const std::string &config)
     if (kernel && !kernel_start(config)) {
         return 3;
     }
+    if ((config == "sync_user") && !sync_user_start()) {
+        return 3;
+    }
     /* sync: UCX's own cache, no watch of ours, no check at its hits */
-    const bool stock_cache = config == "sync";
+    const bool stock_cache = (config == "sync") || (config == "sync_user");
     bench_cache c;
     if (!cache_create(&c, kernel && !stock_cache, "kreg_bench")) {
         if (kernel) {
@@ -378,7 +382,8 @@ int child(const std::string &config)
     }
     const bool full = (config == "hooks") || (config == "default") || (config == "uffd") ||
                       stock_cache;
-    if (((config == "hooks") || (config == "default") || stock_cache) && !g_p2p4_only) {
+    if (((config == "hooks") || (config == "default") || (config == "sync")) &&
+        !g_p2p4_only) {
         measure_unregistered();
     }
     measure_hits(&c);

@@ -26,6 +26,10 @@
  *              module's synchronous delivery (kreg_start() first,
  *              UCX_KREG_SYNC=y): no hook for unmaps; only where the module
  *              is loaded
+ *   sync_user  the same stock md and cache, no hook for unmaps and no
+ *              module: P3's munmap reported from a signal handler
+ *              (bench_util.h): synchronous delivery's signal alone (P3
+ *              only; its hit is stock's)
  *
  * UCX 1.16 and later (1.22 here): the stock IB md has no cache; the stock
  * cache is UCP's (one rcache per ucp context, hooks on by default). So both
@@ -235,6 +239,7 @@ int measure_free_cached(const std::string &config, RegPut &&reg_put, double ms)
             stale += reg_mr_count() == regs;
             const uint64_t t0 = now_ns();
             munmap(p, kFreeLen);
+            sync_user_report(p, kFreeLen);
             ns += now_ns() - t0;
         }
         return static_cast<double>(ns) / batch;
@@ -248,6 +253,12 @@ int measure_free_cached(const std::string &config, RegPut &&reg_put, double ms)
     printf("R md_munmap_1m %.2f\n", t.ns);
     printf("R md_munmap_1m.ref %.4f\n", t.in_ref);
     return 0;
+}
+
+/* UCX's stock cache: no md of ours (stock_md, sync, sync_user) */
+bool stock_cache(const std::string &config)
+{
+    return (config == "stock_md") || (config == "sync") || (config == "sync_user");
 }
 
 int report(const std::string &config, const batch_times &t, bool hit)
@@ -268,7 +279,7 @@ int report(const std::string &config, const batch_times &t, bool hit)
 int child_uct(const std::string &config, const std::string &lib,
               const std::string &device, double ms)
 {
-    const bool ours = (config != "stock_md") && (config != "sync");
+    const bool ours = !stock_cache(config);
 #if !MD_BENCH_UCP
     if (ours && (dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr)) {
         fprintf(stderr, "md_bench: dlopen %s: %s\n", lib.c_str(), dlerror());
@@ -397,7 +408,7 @@ bool check_context(ucp_context_h ctx, const std::string &config,
 /* UCP level (UCX 1.16+): ucp_mem_map + ucp_mem_unmap */
 int child_ucp(const std::string &config, double ms)
 {
-    const bool ours = (config != "stock_md") && (config != "sync");
+    const bool ours = !stock_cache(config);
     ucp_config_t *ucp_config;
     ucp_context_h ctx;
     ucp_params_t params = {};
@@ -510,6 +521,9 @@ int child(const std::string &config, const std::string &lib,
     if ((config == "sync") && !kernel_start(config)) {
         return 3;
     }
+    if ((config == "sync_user") && !sync_user_start()) {
+        return 3;
+    }
 #if MD_BENCH_UCP
     if (config != "uct_default") {
         return child_ucp(config, ms);
@@ -526,8 +540,9 @@ std::vector<env_change> child_env(const std::string &config,
 {
     /* stock_md: UCX's defaults (hooks); ours: the kernel source, hooks off;
      * sync: UCX's defaults and synchronous delivery (env_for) */
-    const bool ours = (config != "stock_md") && (config != "sync");
-    std::vector<env_change> env = env_for((config == "sync") ? config :
+    const bool ours = !stock_cache(config);
+    std::vector<env_change> env = env_for(((config == "sync") ||
+                                           (config == "sync_user")) ? config :
                                           ours ? ((config == "uct_default") ?
                                                   "default" : config) : "hooks");
 #if MD_BENCH_UCP
@@ -566,6 +581,8 @@ int parent(int reps, const std::string &lib, const std::string &device,
         cfgs.push_back("uffd");
         cfgs.push_back("sync");
     }
+    /* synchronous delivery's signal and handler without the module (P3) */
+    cfgs.push_back("sync_user");
 #if MD_BENCH_UCP
     cfgs.push_back("uct_default");
 #endif
@@ -648,8 +665,8 @@ int parent(int reps, const std::string &lib, const std::string &device,
         printf("%s\n", backend_line.c_str());
     }
     for (const std::string &cfg : cfgs) {
-        if (cfg == "stock_md") {
-            continue;
+        if ((cfg == "stock_md") || (cfg == "sync_user")) {
+            continue; /* sync_user's hit is stock's: it is there for P3 */
         }
         const std::string label = "md_hit_64k." + cfg + "/stock_md";
         const auto &r = ratios[cfg];
