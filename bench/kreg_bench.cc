@@ -168,6 +168,13 @@ std::vector<figure> figures(const std::vector<std::string> &cfgs, bool with_p1)
                     figs.push_back({"P1", std::string("P1.") + w, cfg, "hooks",
                                     std::string("P1.") + w,
                                     std::string(w) + "." + cfg + "/hooks"});
+                    if (strncmp(w, "mmap", 4) == 0) {
+                        /* the same in reference-loop units, the speed
+                         * state divided out (a comment line, not P1) */
+                        const std::string k = std::string("P1.") + w;
+                        figs.push_back({"# ref", k + ".ref", cfg, "hooks", k + ".ref",
+                                        std::string(w) + "." + cfg + "/hooks.ref", k});
+                    }
                 }
             }
         }
