@@ -124,10 +124,11 @@ batch_times time_batches(Batch &&batch, double ms, size_t min_batches = 5)
  * inside a reserved PROT_NONE area, 512 KiB into a 2 MiB page table the
  * reservation keeps (no merge: other protection; no page table freed). Left
  * to mmap(NULL), a mapping lands below whatever the process mapped last: it
- * merges with a neighbour (munmap then splits a VMA) or sits alone in its
- * 2 MiB (munmap then frees a page table, on x86 with an IPI to every CPU);
- * under TCG that moved one configuration's 1 MiB mmap+munmap between 52 and
- * 135 us from process to process. Map it with MAP_FIXED_NOREPLACE; the
+ * merges with a neighbour (munmap then splits a VMA) or not, and its 2 MiB
+ * page table may be its own (munmap may then free it); under TCG one
+ * configuration's 1 MiB mmap+munmap took 52 or 135 us from process to
+ * process, and the spread went with the place. Map it with
+ * MAP_FIXED_NOREPLACE; the
  * reservation stays for the process.
  */
 inline char *fixed_slot()
