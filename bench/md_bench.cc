@@ -405,6 +405,26 @@ bool check_context(ucp_context_h ctx, const std::string &config,
     return true;
 }
 
+ucp_mem_map_params_t map_params(void *address, size_t length)
+{
+    ucp_mem_map_params_t mp = {};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address    = address;
+    mp.length     = length;
+    return mp;
+}
+
+/* one ucp_mem_map + ucp_mem_unmap (the operation timed) */
+bool map_unmap(ucp_context_h ctx, const ucp_mem_map_params_t &mp)
+{
+    ucp_mem_h m;
+    if (ucp_mem_map(ctx, &mp, &m) != UCS_OK) {
+        return false;
+    }
+    ucp_mem_unmap(ctx, m);
+    return true;
+}
+
 /* UCP level (UCX 1.16+): ucp_mem_map + ucp_mem_unmap */
 int child_ucp(const std::string &config, double ms)
 {
@@ -441,10 +461,7 @@ int child_ucp(const std::string &config, double ms)
     }
 
     void *buf = map_buffer();
-    ucp_mem_map_params_t mp = {};
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    mp.address    = buf;
-    mp.length     = kLen;
+    const ucp_mem_map_params_t mp = map_params(buf, kLen);
 
     /* the first mapping registers (and is cached), the rest must hit */
     const uint64_t regs0 = reg_mr_count();
@@ -464,14 +481,7 @@ int child_ucp(const std::string &config, double ms)
         return 4;
     }
 
-    const batch_times t = time_ops([&]() {
-        ucp_mem_h m;
-        if (ucp_mem_map(ctx, &mp, &m) != UCS_OK) {
-            return false;
-        }
-        ucp_mem_unmap(ctx, m);
-        return true;
-    }, ms);
+    const batch_times t = time_ops([&]() { return map_unmap(ctx, mp); }, ms);
 
     bool hit = (reg_mr_count() == regs1);
     if (!hit) {
@@ -494,17 +504,7 @@ int child_ucp(const std::string &config, double ms)
     int rc = report(config, t, hit);
     if (rc == 0) {
         rc = measure_free_cached(config, [&](void *p, size_t len) {
-            ucp_mem_map_params_t fp = {};
-            fp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                            UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-            fp.address    = p;
-            fp.length     = len;
-            ucp_mem_h m;
-            if (ucp_mem_map(ctx, &fp, &m) != UCS_OK) {
-                return false;
-            }
-            ucp_mem_unmap(ctx, m);
-            return true;
+            return map_unmap(ctx, map_params(p, len));
         }, ms);
     }
 
