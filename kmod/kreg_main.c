@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * kreg_notifier's device: the misc device /dev/kreg_notifier and its sysfs
+ * attributes. What the module is and how its parts fit: kreg_priv.h.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/device.h>
+#include <linux/miscdevice.h>
+#include <linux/module.h>
+
+#include "kreg_priv.h"
+
+/* The live counts tell what other users do: root only (0400). */
+struct kreg_count_attr {
+	struct device_attribute attr;
+	atomic_long_t *count;
+};
+
+static ssize_t kreg_count_show(struct device *dev,
+			       struct device_attribute *attr, char *buf)
+{
+	struct kreg_count_attr *ca =
+		container_of(attr, struct kreg_count_attr, attr);
+
+	return sysfs_emit(buf, "%ld\n", atomic_long_read(ca->count));
+}
+
+#define KREG_COUNT_ATTR(_name, _count)					\
+	struct kreg_count_attr kreg_attr_##_name = {			\
+		.attr = __ATTR(_name, 0400, kreg_count_show, NULL),	\
+		.count = &(_count),					\
+	}
+
+static KREG_COUNT_ATTR(contexts, kreg_nr_contexts);
+static KREG_COUNT_ATTR(ranges, kreg_nr_ranges);
+static KREG_COUNT_ATTR(memory, kreg_nr_bytes);
+
+/* "uid descriptors ranges bytes", a line per uid holding a descriptor */
+static ssize_t users_show(struct device *dev, struct device_attribute *attr,
+			  char *buf)
+{
+	return kreg_users_show(buf);
+}
+static DEVICE_ATTR_ADMIN_RO(users);
+
+static struct attribute *kreg_attrs[] = {
+	&kreg_attr_contexts.attr.attr,
+	&kreg_attr_ranges.attr.attr,
+	&kreg_attr_memory.attr.attr,
+	&dev_attr_users.attr,
+	NULL,
+};
+ATTRIBUTE_GROUPS(kreg);
+
+static struct miscdevice kreg_misc = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = "kreg_notifier",
+	.fops = &kreg_fops,
+	.groups = kreg_groups,
+	/* every call acts on the caller's own address space only */
+	.mode = 0666,
+};
+module_misc_device(kreg_misc);
+
+MODULE_DESCRIPTION("Counters that tell a process when registered memory goes away (mmu_interval_notifier)");
+MODULE_AUTHOR("ucx-kreg");
+MODULE_LICENSE("GPL");
+MODULE_VERSION("0.1.0");

@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * kreg_notifier: tells a process when the pages behind a registered range of
+ * its own address space change, through a counter per range that the
+ * process maps read-only (one load per check) and a queue of changed ranges
+ * that it read()s. User-space interface: uapi/kreg_notifier.h. Build, load
+ * and the test hooks: README.md.
+ *
+ * Each registered range gets an mmu_interval_notifier. Its invalidate
+ * callback runs in whatever thread changes the mapping (munmap, mremap,
+ * madvise, truncate, migration, ksmd, oom_reaper, exit), with or without
+ * mmap_lock, possibly where it must not sleep, possibly on several CPUs at
+ * once for one range: it only bumps an atomic counter and queues the slot
+ * under a spinlock.
+ *
+ * Memory comes as it is used: open() allocates the per-descriptor arrays
+ * (a few KiB), a counter page comes with the first slot of it that is
+ * registered or read through the mapping (a fault), per-slot state with the
+ * first slot of its chunk. Everything is charged to the opener's memory
+ * cgroup (GFP_KERNEL_ACCOUNT) and to the opener's uid, which the per-user
+ * limits below bound; a process with CAP_SYS_RESOURCE or CAP_SYS_ADMIN at
+ * open is held by the global and per-descriptor limits only.
+ *
+ * Locks, in the only order they nest:
+ *   ctx->lock (mutex)  REGISTER and UNREGISTER: slots, chunks, the range
+ *                      tree, limits.
+ *                      Held across mmu_interval_notifier_insert() (which may
+ *                      take mmap_lock for writing) and _remove() (which may
+ *                      wait for invalidations). Never taken with mmap_lock
+ *                      held: mmap() does not take it.
+ *   ctx->ev_lock (spin) the event queue, the per-slot event state and the
+ *                      live/taken bitmaps. Taken by the invalidate callback;
+ *                      nothing that sleeps runs under it.
+ * kreg_users_lock (mutex) the per-uid table: open, release and sysfs only,
+ * never with another lock of ours held. Counter pages are published with
+ * cmpxchg() and never change until release: the fault handler (under
+ * mmap_lock or the VMA lock) takes no lock of ours.
+ */
+#ifndef KREG_PRIV_H
+#define KREG_PRIV_H
+
+#include <linux/atomic.h>
+#include <linux/fs.h>
+#include <linux/interval_tree.h>
+#include <linux/mm_types.h>
+#include <linux/mmu_notifier.h>
+#include <linux/mutex.h>
+#include <linux/spinlock.h>
+#include <linux/types.h>
+#include <linux/uidgid.h>
+#include <linux/wait.h>
+
+#include "uapi/kreg_notifier.h"
+
+/* Upper bound of max_ranges: 8 MiB of counters per descriptor. */
+#define KREG_MAX_RANGES_LIMIT	1048576
+/* Per-slot state is allocated in chunks of this many slots (4 KiB each). */
+#define KREG_CHUNK_SLOTS	128
+#define KREG_PAGE_SLOTS		(PAGE_SIZE / sizeof(u64))
+#define KREG_NO_SLOT		U32_MAX
+/* Records copied to user space per step of read(). */
+#define KREG_READ_BATCH		16
+
+/*
+ * What the next read() record of a slot reports. A slot's record stays
+ * queued after UNREGISTER; slot allocation avoids such slots while others
+ * are free. If a slot had to be reused before its record was read, a change
+ * of the new range widens the record to cover both ranges.
+ */
+struct kreg_ev {
+	u64 start;
+	u64 end;
+	u32 next;	/* next queued slot, KREG_NO_SLOT at the tail */
+	u32 queued;
+};
+
+struct kreg_range;
+
+struct kreg_chunk {
+	struct kreg_range *range[KREG_CHUNK_SLOTS];	/* ctx->lock */
+	struct kreg_ev ev[KREG_CHUNK_SLOTS];		/* ctx->ev_lock */
+};
+
+struct kreg_sync;
+
+struct kreg_ctx {
+	struct mm_struct *mm;		/* mmgrab()ed at open */
+	struct file *file;		/* ours; gates hold references to it */
+	struct pid *tgid;		/* the opener's process */
+	struct kreg_sync *sync;		/* set once (ctx->lock), freed at release */
+	struct kreg_user *user;		/* the opener's uid, charged for all */
+	bool unlimited;			/* no per-user limits (capable at open) */
+	u32 nslots;
+	size_t counters_size;
+	size_t base_bytes;		/* charged at open */
+	struct page **pages;		/* counter pages, cmpxchg()ed in once */
+	unsigned int nr_pages;
+
+	struct mutex lock;		/* REGISTER, UNREGISTER (see the top) */
+	struct kreg_chunk **chunks;	/* set under both locks, freed at release */
+	struct rb_root_cached tree;	/* live ranges by address */
+	u32 nr_live;
+	u64 gen;			/* tells registrations of one slot apart */
+
+	spinlock_t ev_lock;		/* the queue and what follows */
+	unsigned long *live;		/* slot has a registration */
+	unsigned long *taken;		/* live, or its record is still queued */
+	u32 q_head;
+	u32 q_tail;
+	u32 q_len;
+	wait_queue_head_t wq;
+};
+
+struct kreg_range {
+	struct mmu_interval_notifier mni;
+	struct interval_tree_node itn;	/* in ctx->tree while live */
+	struct kreg_ctx *ctx;
+	struct kreg_ev *ev;
+	atomic64_t *counter;
+	u64 start;
+	u64 end;
+	u64 gen;
+	u32 slot;
+};
+
+struct kreg_user;
+
+/* kreg_limits.c */
+extern unsigned int kreg_max_ranges;
+extern unsigned int kreg_max_overlap;
+extern atomic_long_t kreg_nr_contexts;
+extern atomic_long_t kreg_nr_ranges;
+extern atomic_long_t kreg_nr_bytes;
+int kreg_charge_mem(struct kreg_ctx *ctx, size_t bytes);
+void kreg_uncharge_mem(struct kreg_ctx *ctx, size_t bytes);
+int kreg_charge_range(struct kreg_ctx *ctx);
+void kreg_uncharge_range(struct kreg_ctx *ctx);
+struct kreg_user *kreg_user_get(kuid_t uid, bool unlimited);
+void kreg_user_put(struct kreg_user *u);
+ssize_t kreg_users_show(char *buf);
+
+/* kreg_range.c */
+struct kreg_ev *kreg_ev_of(struct kreg_ctx *ctx, u32 slot);
+struct kreg_range **kreg_range_ptr(struct kreg_ctx *ctx, u32 slot);
+u64 kreg_bump(atomic64_t *counter);
+void kreg_drop(struct kreg_ctx *ctx, struct kreg_range *r);
+long kreg_register(struct kreg_ctx *ctx, struct kreg_nf_register __user *uarg);
+long kreg_unregister(struct kreg_ctx *ctx,
+		     struct kreg_nf_unregister __user *uarg);
+unsigned int kreg_peek(struct kreg_ctx *ctx, struct kreg_nf_event *out,
+		       unsigned int max);
+unsigned int kreg_pop(struct kreg_ctx *ctx, const struct kreg_nf_event *seen,
+		      unsigned int n);
+
+/* kreg_vm.c */
+struct page *kreg_counter_page(struct kreg_ctx *ctx, unsigned int idx,
+			       int *err);
+int kreg_mmap(struct file *file, struct vm_area_struct *vma);
+
+/* kreg_sync.c */
+long kreg_sync_start(struct kreg_ctx *ctx,
+		     struct kreg_nf_sync_start __user *uarg);
+void kreg_sync_stop_locked(struct kreg_sync *s);
+long kreg_sync_stop(struct kreg_ctx *ctx);
+struct kreg_sync *kreg_sync_of(struct kreg_ctx *ctx);
+long kreg_sync_drain(struct kreg_ctx *ctx,
+		     struct kreg_nf_sync_drain __user *uarg);
+long kreg_sync_dispatcher(struct kreg_ctx *ctx);
+long kreg_sync_stats(struct kreg_ctx *ctx,
+		     struct kreg_nf_sync_stats __user *uarg);
+bool kreg_sync_need_reader(struct kreg_sync *s);
+void kreg_sync_free(struct kreg_ctx *ctx);
+
+/* kreg_file.c */
+extern const struct file_operations kreg_fops;
+
+#endif /* KREG_PRIV_H */
