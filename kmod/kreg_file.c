@@ -106,15 +106,17 @@ static ssize_t kreg_read(struct file *file, char __user *buf, size_t count,
 static __poll_t kreg_poll(struct file *file, poll_table *wait)
 {
 	struct kreg_ctx *ctx = file->private_data;
-	struct kreg_sync *s;
+	__poll_t mask = 0;
 
 	if (current->mm != ctx->mm)
 		return EPOLLERR;
 	poll_wait(file, &ctx->wq, wait);
-	s = kreg_sync_of(ctx);
-	if (READ_ONCE(ctx->q_len) || (s && kreg_sync_need_reader(s)))
-		return EPOLLIN | EPOLLRDNORM;
-	return 0;
+	if (READ_ONCE(ctx->q_len))
+		mask = EPOLLIN | EPOLLRDNORM;
+	/* set once under ctx->lock, kept until release */
+	if (READ_ONCE(ctx->sync))
+		mask |= kreg_sync_poll(ctx->sync, file, wait);
+	return mask;
 }
 
 static void kreg_ctx_free(struct kreg_ctx *ctx)
@@ -138,7 +140,7 @@ static void kreg_ctx_free(struct kreg_ctx *ctx)
 				kreg_uncharge_mem(ctx, PAGE_SIZE);
 			}
 	kvfree(ctx->pages);
-	kreg_sync_free(ctx);
+	kreg_sync_put(ctx);
 	put_pid(ctx->tgid);
 	kreg_uncharge_mem(ctx, ctx->base_bytes);
 	kfree(ctx);
@@ -234,7 +236,7 @@ static int kreg_release(struct inode *inode, struct file *file)
 	struct kreg_range **rp;
 	u32 slot;
 
-	/* no gate is queued any more: each holds a reference to the file */
+	/* gates still queued on threads keep only the sync (kreg_gate.c) */
 	if (kreg_sync_of(ctx))
 		kreg_sync_stop_locked(ctx->sync);
 	for (slot = 0; slot < ctx->nslots; slot++) {
@@ -257,8 +259,8 @@ static int kreg_release(struct inode *inode, struct file *file)
 
 /*
  * Every close() of a descriptor of the file: the owner's close (or its
- * exit) stops synchronous delivery, which queued gates would otherwise keep
- * alive with their references to the file.
+ * exit) stops synchronous delivery at once, even while a forked child
+ * still holds the file open.
  */
 static int kreg_flush(struct file *file, fl_owner_t id)
 {

@@ -28,9 +28,18 @@
  *                      take mmap_lock for writing) and _remove() (which may
  *                      wait for invalidations). Never taken with mmap_lock
  *                      held: mmap() does not take it.
+ *                      SYNC_START and SYNC_STOP too (mmu_notifier_register
+ *                      takes mmap_lock; _unregister waits for callbacks).
  *   ctx->ev_lock (spin) the event queue, the per-slot event state and the
  *                      live/taken bitmaps. Taken by the invalidate callback;
  *                      nothing that sleeps runs under it.
+ *   sync->lock (spin)  synchronous delivery: its queue, the changes in
+ *                      flight, the gates. Taken by its notifier's callbacks
+ *                      (under mmap_lock or not, maybe non-blockable), by
+ *                      gates and DRAIN; never together with ctx->ev_lock.
+ *                      Under it: the owner's siglock (to walk its threads)
+ *                      and a task's pi_lock and runqueue lock (task_work_add
+ *                      with TWA_SIGNAL wakes); never the reverse.
  * kreg_users_lock (mutex) the per-uid table: open, release and sysfs only,
  * never with another lock of ours held. Counter pages are published with
  * cmpxchg() and never change until release: the fault handler (under
@@ -41,10 +50,14 @@
 
 #include <linux/atomic.h>
 #include <linux/fs.h>
+#include <linux/hashtable.h>
 #include <linux/interval_tree.h>
+#include <linux/kref.h>
+#include <linux/list.h>
 #include <linux/mm_types.h>
 #include <linux/mmu_notifier.h>
 #include <linux/mutex.h>
+#include <linux/poll.h>
 #include <linux/spinlock.h>
 #include <linux/types.h>
 #include <linux/uidgid.h>
@@ -85,9 +98,9 @@ struct kreg_sync;
 
 struct kreg_ctx {
 	struct mm_struct *mm;		/* mmgrab()ed at open */
-	struct file *file;		/* ours; gates hold references to it */
+	struct file *file;		/* ours */
 	struct pid *tgid;		/* the opener's process */
-	struct kreg_sync *sync;		/* set once (ctx->lock), freed at release */
+	struct kreg_sync *sync;		/* set once (ctx->lock), put at release */
 	struct kreg_user *user;		/* the opener's uid, charged for all */
 	bool unlimited;			/* no per-user limits (capable at open) */
 	u32 nslots;
@@ -157,6 +170,71 @@ struct page *kreg_counter_page(struct kreg_ctx *ctx, unsigned int idx,
 			       int *err);
 int kreg_mmap(struct file *file, struct vm_area_struct *vma);
 
+/*
+ * Synchronous delivery (kreg_sync.c, kreg_gate.c, kreg_pinned.c). What
+ * sync->lock guards is marked; the rest is set at SYNC_START, before the
+ * notifier is registered, and read without it.
+ */
+#define KREG_SYNC_INFLIGHT	64	/* changes tracked to their end at once */
+#define KREG_GATE_BITS		8
+
+enum kreg_sync_stat {		/* the fields of struct kreg_nf_sync_stats */
+	KREG_ST_QUEUED, KREG_ST_SIGNALLED, KREG_ST_SELF_GATED, KREG_ST_GATES,
+	KREG_ST_GATE_WAITS, KREG_ST_GATE_TIMEOUTS, KREG_ST_GATE_NOMEM,
+	KREG_ST_LATE, KREG_ST_OVERFLOWS, KREG_ST_UNPINNED, KREG_ST_DRAINS,
+	KREG_ST_GATE_PASSES, KREG_ST_THREADS, KREG_ST_DRAIN_WAITS,
+	KREG_ST_OWN_CHANGES, KREG_ST_INFLIGHT_FULL,
+	KREG_ST_NR = sizeof(struct kreg_nf_sync_stats) / sizeof(__u64)
+};
+
+/* A queued change: its range and what acknowledges it. */
+struct kreg_sync_ent {
+	u64 start;
+	u64 end;
+	u64 seq;
+	u32 pending;	/* invalidations merged in that have not ended yet */
+	bool late;	/* not by a thread of the process (reported by the reader) */
+};
+
+/* An invalidation in flight, from its start callback to its end. */
+struct kreg_sync_inflight {
+	const struct mmu_notifier_range *range;	/* compared only */
+	u32 idx;				/* its entry in q[] */
+};
+
+/*
+ * Outlives the context while gates that point at it are queued on threads
+ * (task_work cannot be cancelled from a module): ref counts the context's
+ * reference and one per queued or running gate.
+ */
+struct kreg_sync {
+	struct mmu_notifier mn;		/* on mm while live */
+	struct kref ref;
+	struct mm_struct *mm;		/* the context's; compared only */
+	struct pid *owner;		/* whose threads are held */
+	int signo;			/* 0: no signal, the reader reports */
+	unsigned long handler;		/* signo's handler that drains */
+	unsigned long timeout;		/* jiffies */
+	wait_queue_head_t wq;		/* gates and DRAINs */
+	wait_queue_head_t poll_wq;	/* the reader's poll() */
+	spinlock_t lock;
+	/* under lock: */
+	bool dead;			/* stopped: nothing queued, no gate holds */
+	bool need_reader;		/* poll() says EPOLLIN */
+	bool rescan;			/* a thread got no gate: walk all again */
+	struct pid *dispatcher;		/* the reader: never held */
+	u64 seq;			/* last queued */
+	u64 done;			/* acknowledged up to */
+	u32 q_first;
+	u32 q_n;
+	u32 nr_inflight;
+	struct kreg_sync_ent q[KREG_NF_SYNC_QUEUE];
+	struct kreg_sync_inflight inflight[KREG_SYNC_INFLIGHT];
+	DECLARE_HASHTABLE(gates, KREG_GATE_BITS);	/* by task */
+	struct list_head idle;		/* gates to arm at the next change */
+	atomic64_t stats[KREG_ST_NR];
+};
+
 /* kreg_sync.c */
 long kreg_sync_start(struct kreg_ctx *ctx,
 		     struct kreg_nf_sync_start __user *uarg);
@@ -168,8 +246,23 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 long kreg_sync_dispatcher(struct kreg_ctx *ctx);
 long kreg_sync_stats(struct kreg_ctx *ctx,
 		     struct kreg_nf_sync_stats __user *uarg);
-bool kreg_sync_need_reader(struct kreg_sync *s);
-void kreg_sync_free(struct kreg_ctx *ctx);
+__poll_t kreg_sync_poll(struct kreg_sync *s, struct file *file,
+			poll_table *wait);
+void kreg_sync_put(struct kreg_ctx *ctx);
+void kreg_sync_release(struct kref *ref);
+void kreg_sync_count(struct kreg_sync *s, enum kreg_sync_stat i);
+void kreg_sync_wake_reader(struct kreg_sync *s);
+bool kreg_sync_late_unreported(struct kreg_sync *s, u64 target);
+
+/* kreg_gate.c */
+void kreg_gates_arm(struct kreg_sync *s, struct list_head *reap);
+void kreg_gates_stop(struct kreg_sync *s, struct list_head *reap);
+void kreg_gates_reap(struct list_head *reap);
+void kreg_gate_exempt(struct kreg_sync *s, struct task_struct *t);
+
+/* kreg_pinned.c */
+bool kreg_range_pinned(struct mm_struct *mm, unsigned long addr,
+		       unsigned long end);
 
 /* kreg_file.c */
 extern const struct file_operations kreg_fops;

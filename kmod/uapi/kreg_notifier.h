@@ -248,7 +248,18 @@ struct kreg_nf_sync_stats {
 	__u64 overflows;     /* ranges merged into the newest (queue full) */
 	__u64 unpinned;      /* changes skipped: no pinned page in the range */
 	__u64 drains;        /* DRAIN calls that handed out ranges */
-	__u64 reserved[5];
+	/* gates that let their thread go: its own handler reports first */
+	__u64 gate_passes;
+	__u64 threads;       /* gates made: threads of the process seen */
+	/* DRAINs that waited for a queued change to end (its zap) */
+	__u64 drain_waits;
+	/* changes by the dispatcher itself, reported by it */
+	__u64 own_changes;
+	/*
+	 * changes handed out without waiting for their end (more than 64 in
+	 * flight at once)
+	 */
+	__u64 inflight_full;
 };
 
 #define KREG_NF_SYNC_QUEUE 64

@@ -1,0 +1,423 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Gates: how synchronous delivery holds the threads of a process at their
+ * return to user space until the changes queued before it are reported.
+ *
+ * One gate per thread of the owner, made the first time the thread is
+ * seen and kept until it exits or delivery stops, so a change allocates
+ * nothing per thread. A gate is a task_work in one of four states:
+ *   ARMED    queued on its thread (TWA_NONE, plus TIF_NOTIFY_RESUME set
+ *            without a kick): the thread runs it at its next return to user
+ *            space, from a system call, a fault or an interrupt. Nothing
+ *            interrupts a thread that stays in user space.
+ *   RUNNING  its thread waits in it, if a change is unreported.
+ *   IDLE     ran since the last change, on sync->idle.
+ *   EXEMPT   the reader's: never held.
+ * A change arms the IDLE gates only, so it costs nothing per thread that
+ * has not crossed into the kernel since the last one (asleep, or spinning
+ * in user space), and looks for new threads only at the end of the thread
+ * list, where clone() adds them.
+ *
+ * task_work cannot be cancelled from a module: an ARMED gate stays queued
+ * until its thread runs it. So a queued or running gate holds a reference
+ * to sync (not to the context or the file) and to the module, and STOP
+ * unhashes every gate, frees the IDLE ones and kicks the threads of ARMED
+ * ones (TWA_SIGNAL, as io_uring wakes a task) so that they run and free
+ * them at once.
+ *
+ * Locks: sync->lock for the states, the hash and the idle list; under it
+ * the owner's siglock (the thread list) and, through task_work_add(), a
+ * task's pi_lock. A gate waits with no lock held.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/module.h>
+#include <linux/pid.h>
+#include <linux/ptrace.h>
+#include <linux/sched/signal.h>
+#include <linux/sched/task.h>
+#include <linux/sched/task_stack.h>
+#include <linux/slab.h>
+#include <linux/task_work.h>
+#include <linux/wait.h>
+
+#include "kreg_priv.h"
+
+/* a gate's first wait before it also asks the reader */
+#define KREG_GATE_NUDGE_MS	2
+
+enum kreg_gate_state {
+	KREG_GATE_IDLE, KREG_GATE_ARMED, KREG_GATE_RUNNING, KREG_GATE_EXEMPT,
+};
+
+struct kreg_gate {
+	struct callback_head cb;
+	struct hlist_node node;		/* sync->gates; unhashed by STOP */
+	struct list_head idle;		/* sync->idle while IDLE, or a reap list */
+	struct task_struct *task;	/* a reference: the key */
+	struct kreg_sync *s;
+	enum kreg_gate_state state;
+	bool exempt;			/* the reader's */
+};
+
+struct kreg_kick {
+	struct callback_head cb;
+};
+
+static void kreg_gate_run(struct callback_head *cb);
+
+static struct kreg_gate *kreg_gate_find(struct kreg_sync *s,
+					struct task_struct *t)
+{
+	struct kreg_gate *g;
+
+	hash_for_each_possible(s->gates, g, node, (unsigned long)t)
+		if (g->task == t)
+			return g;
+	return NULL;
+}
+
+/*
+ * Queues g on its thread (lock held). A thread past exit_task_work() takes
+ * no more task_work: its gate goes to reap.
+ */
+static void kreg_gate_arm(struct kreg_sync *s, struct kreg_gate *g,
+			  struct list_head *reap)
+{
+	list_del_init(&g->idle);
+	/* before the add: the thread may run the gate at once */
+	kref_get(&s->ref);
+	__module_get(THIS_MODULE);
+	g->state = KREG_GATE_ARMED;
+	if (task_work_add(g->task, &g->cb, TWA_NONE)) {
+		g->state = KREG_GATE_IDLE;
+		module_put(THIS_MODULE);
+		/* never the last reference: the context holds one */
+		kref_put(&s->ref, kreg_sync_release);
+		hash_del(&g->node);
+		list_add(&g->idle, reap);
+		return;
+	}
+	/*
+	 * No kick (set_notify_resume() would IPI a thread running in user
+	 * space): the flag is seen at its next kernel exit, which is all that
+	 * is needed, since a thread must enter the kernel to see a change.
+	 */
+	set_tsk_thread_flag(g->task, TIF_NOTIFY_RESUME);
+	kreg_sync_count(s, KREG_ST_GATES);
+}
+
+static struct kreg_gate *kreg_gate_new(struct kreg_sync *s,
+				       struct task_struct *t)
+{
+	struct kreg_gate *g = kzalloc(sizeof(*g), GFP_NOWAIT | __GFP_NOWARN |
+					      __GFP_ACCOUNT);
+
+	if (!g)
+		return NULL;
+	init_task_work(&g->cb, kreg_gate_run);
+	INIT_LIST_HEAD(&g->idle);
+	g->task = get_task_struct(t);
+	g->s = s;
+	g->state = KREG_GATE_IDLE;
+	hash_add(s->gates, &g->node, (unsigned long)t);
+	kreg_sync_count(s, KREG_ST_THREADS);
+	return g;
+}
+
+/*
+ * Gives each new thread of the owner a gate, armed (lock held). clone()
+ * appends threads to the owner's list under its siglock, so the new ones
+ * are at the end: walk back until a known one. After a failed allocation
+ * (rescan) the whole list is walked. io_uring workers and kernel threads
+ * never return to user space and get none.
+ */
+static void kreg_gates_discover(struct kreg_sync *s, struct list_head *reap)
+{
+	struct sighand_struct *sh;
+	struct task_struct *p, *t;
+	unsigned long flags;
+	bool all = s->rescan;
+	struct kreg_gate *g;
+
+	rcu_read_lock();
+	p = pid_task(s->owner, PIDTYPE_TGID);
+	/*
+	 * p's siglock: its sighand changes only at exec and sighand structs
+	 * are SLAB_TYPESAFE_BY_RCU, so lock, then check the pointer again.
+	 */
+	for (;;) {
+		sh = p ? rcu_dereference(p->sighand) : NULL;
+		if (!sh)
+			goto out;	/* reaped */
+		spin_lock_irqsave(&sh->siglock, flags);
+		if (sh == rcu_access_pointer(p->sighand))
+			break;
+		spin_unlock_irqrestore(&sh->siglock, flags);
+	}
+	s->rescan = false;
+	list_for_each_entry_reverse(t, &p->signal->thread_head, thread_node) {
+		if (kreg_gate_find(s, t)) {
+			if (!all)
+				break;
+			continue;
+		}
+		if (t->flags & (PF_EXITING | PF_KTHREAD | PF_IO_WORKER))
+			continue;
+		g = kreg_gate_new(s, t);
+		if (!g) {
+			kreg_sync_count(s, KREG_ST_GATE_NOMEM);
+			s->rescan = true;
+			continue;
+		}
+		if (task_pid(t) == s->dispatcher) {
+			g->exempt = true;
+			g->state = KREG_GATE_EXEMPT;
+		} else {
+			kreg_gate_arm(s, g, reap);
+		}
+	}
+	spin_unlock_irqrestore(&sh->siglock, flags);
+out:
+	rcu_read_unlock();
+}
+
+/*
+ * A change is queued (lock held): every thread that crossed into the
+ * kernel since the last change gets its gate again, new threads get one.
+ * Gates of exited threads go to reap (kreg_gates_reap() once unlocked).
+ */
+void kreg_gates_arm(struct kreg_sync *s, struct list_head *reap)
+{
+	struct kreg_gate *g, *tmp;
+
+	list_for_each_entry_safe(g, tmp, &s->idle, idle)
+		kreg_gate_arm(s, g, reap);
+	kreg_gates_discover(s, reap);
+}
+
+void kreg_gates_reap(struct list_head *reap)
+{
+	struct kreg_gate *g, *tmp;
+
+	list_for_each_entry_safe(g, tmp, reap, idle) {
+		put_task_struct(g->task);
+		kfree(g);
+	}
+}
+
+static void kreg_kick_run(struct callback_head *cb)
+{
+	kfree(container_of(cb, struct kreg_kick, cb));
+	module_put(THIS_MODULE);
+}
+
+/*
+ * Makes t run its task_work soon: wakes it from an interruptible sleep
+ * (the call restarts, as for a signal with no handler) or kicks it out of
+ * user space. Best effort: without memory the gate runs at t's next return.
+ */
+static void kreg_kick(struct task_struct *t)
+{
+	struct kreg_kick *k = kmalloc(sizeof(*k), GFP_ATOMIC | __GFP_NOWARN);
+
+	if (!k)
+		return;
+	init_task_work(&k->cb, kreg_kick_run);
+	__module_get(THIS_MODULE);
+	if (task_work_add(t, &k->cb, TWA_SIGNAL)) {
+		kfree(k);
+		module_put(THIS_MODULE);
+	}
+}
+
+/*
+ * STOP (lock held): no gate stays known. IDLE and EXEMPT ones go to reap;
+ * ARMED ones are kicked and free themselves when they run; RUNNING ones
+ * see that they are unhashed.
+ */
+void kreg_gates_stop(struct kreg_sync *s, struct list_head *reap)
+{
+	struct hlist_node *tmp;
+	struct kreg_gate *g;
+	int bkt;
+
+	hash_for_each_safe(s->gates, bkt, tmp, g, node) {
+		hash_del(&g->node);
+		switch (g->state) {
+		case KREG_GATE_IDLE:
+		case KREG_GATE_EXEMPT:
+			list_move(&g->idle, reap);
+			break;
+		case KREG_GATE_ARMED:
+			kreg_kick(g->task);
+			break;
+		case KREG_GATE_RUNNING:
+			break;
+		}
+	}
+}
+
+/* t is the reader (lock held): its gate, if it has one, never holds. */
+void kreg_gate_exempt(struct kreg_sync *s, struct task_struct *t)
+{
+	struct kreg_gate *g = kreg_gate_find(s, t);
+
+	if (!g)
+		return;
+	g->exempt = true;
+	if (g->state == KREG_GATE_IDLE) {
+		list_del_init(&g->idle);
+		g->state = KREG_GATE_EXEMPT;
+	}
+}
+
+static bool kreg_gate_open(struct kreg_sync *s, u64 target)
+{
+	return READ_ONCE(s->done) >= target || READ_ONCE(s->dead);
+}
+
+/*
+ * The thread's own handler will report every queued change before its
+ * next instruction: signo is pending for it, not blocked, and its handler
+ * is the one that drains. On the way to user space the kernel runs task
+ * work before it dequeues a signal (get_signal()), so a gate that waited
+ * here would wait for a handler that can only run after it.
+ */
+static bool kreg_self_drains(struct kreg_sync *s)
+{
+	struct sighand_struct *sh;
+	bool yes;
+
+	if (!s->signo)
+		return false;
+	/* current's own: only its exec replaces it */
+	sh = rcu_dereference_protected(current->sighand, 1);
+	/* the handler's frame is set up already */
+	if (instruction_pointer(task_pt_regs(current)) == s->handler)
+		return true;
+	spin_lock_irq(&sh->siglock);
+	yes = sigismember(&current->pending.signal, s->signo) &&
+	      !sigismember(&current->blocked, s->signo) &&
+	      (unsigned long)sh->action[s->signo - 1].sa.sa_handler ==
+	      s->handler;
+	spin_unlock_irq(&sh->siglock);
+	return yes;
+}
+
+/*
+ * Waits until every change queued before this thread returns is reported:
+ * first briefly (the changing thread's handler usually reports), then asks
+ * the reader, then up to the timeout, which is counted. Changes queued
+ * while it waits count too: the thread has not returned yet.
+ */
+static void kreg_gate_wait(struct kreg_sync *s, u64 target)
+{
+	unsigned long deadline = jiffies + s->timeout;
+	bool nudged = false;
+	long left, ret;
+
+	kreg_sync_count(s, KREG_ST_GATE_WAITS);
+	for (;;) {
+		left = (long)(deadline - jiffies);
+		if (!nudged)
+			left = min_t(long, left,
+				     msecs_to_jiffies(KREG_GATE_NUDGE_MS));
+		ret = left > 0 ? wait_event_killable_timeout(s->wq,
+					kreg_gate_open(s, target), left) : 0;
+		if (ret < 0)
+			return;		/* SIGKILL: the process ends */
+		if (ret > 0) {
+			spin_lock(&s->lock);
+			if (s->dead || s->done >= s->seq) {
+				spin_unlock(&s->lock);
+				return;
+			}
+			target = s->seq;
+			spin_unlock(&s->lock);
+			continue;
+		}
+		if (nudged) {
+			kreg_sync_count(s, KREG_ST_GATE_TIMEOUTS);
+			return;
+		}
+		nudged = true;
+		kreg_sync_wake_reader(s);
+	}
+}
+
+/*
+ * Whether the thread enters user space again from an interrupt (the tick)
+ * or an exception that is no page fault: it did nothing in the kernel that
+ * could show it a change of another thread of the process (a new mapping,
+ * new pages), so it need not wait for one. Page faults and system calls
+ * always wait, and so does everyone for a late change (kreg_sync.c). On x86-64 an interrupt
+ * delivered through a system vector (the local timer, IPIs) leaves
+ * orig_ax -1, as exceptions without an error code do; device interrupts
+ * leave their vector there, which this cannot tell from a system call
+ * number: they wait.
+ */
+static bool kreg_from_interrupt(void)
+{
+#ifdef CONFIG_X86_64
+	return task_pt_regs(current)->orig_ax == -1;
+#else
+	return false;
+#endif
+}
+
+/*
+ * The gate, run by its thread on the way to user space (or in
+ * exit_task_work()), where it may sleep.
+ */
+static void kreg_gate_run(struct callback_head *cb)
+{
+	struct kreg_gate *g = container_of(cb, struct kreg_gate, cb);
+	struct kreg_sync *s = g->s;
+	bool gone, hold, late;
+	u64 target;
+
+	spin_lock(&s->lock);
+	g->state = KREG_GATE_RUNNING;
+	/* exit; exec (another mm); a stopped or restarted delivery */
+	gone = (current->flags & PF_EXITING) || current->mm != s->mm ||
+	       task_tgid(current) != s->owner || hlist_unhashed(&g->node);
+	target = s->seq;
+	hold = !gone && !g->exempt && !s->dead && s->done < target;
+	late = hold && kreg_sync_late_unreported(s, target);
+	spin_unlock(&s->lock);
+
+	if (hold && !late && kreg_from_interrupt()) {
+		kreg_sync_count(s, KREG_ST_GATE_PASSES);
+		hold = false;
+	}
+	if (hold && kreg_self_drains(s)) {
+		kreg_sync_count(s, KREG_ST_GATE_PASSES);
+		hold = false;
+	}
+	if (hold)
+		kreg_gate_wait(s, target);
+
+	spin_lock(&s->lock);
+	if (gone || hlist_unhashed(&g->node)) {
+		hash_del(&g->node);
+		gone = true;
+	} else if (g->exempt) {
+		g->state = KREG_GATE_EXEMPT;
+	} else {
+		g->state = KREG_GATE_IDLE;
+		list_add_tail(&g->idle, &s->idle);
+	}
+	spin_unlock(&s->lock);
+	if (gone) {
+		put_task_struct(g->task);
+		kfree(g);
+	}
+	kref_put(&s->ref, kreg_sync_release);
+	/*
+	 * Last. What follows is this function's return: an rmmod would have
+	 * to race those few instructions, as for any work function that drops
+	 * its own module's reference.
+	 */
+	module_put(THIS_MODULE);
+}
