@@ -1,0 +1,479 @@
+/*
+ * Synchronous delivery (KREG_NF_IOC_SYNC_*): each change reported before
+ * the changing call returns, the other threads held, the fallbacks.
+ */
+#include "nf_test.h"
+
+
+static int sy_ch_munmap(char *p) { return munmap(p, LEN); }
+static int sy_ch_raw_munmap(char *p) { return syscall(SYS_munmap, p, LEN); }
+static int sy_ch_dontneed(char *p) { return madvise(p, LEN, MADV_DONTNEED); }
+static int sy_ch_map_fixed(char *p)
+{
+	return mmap(p, LEN, PROT_READ | PROT_WRITE,
+		    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == p ? 0 : -1;
+}
+
+static int sy_ch_mremap(char *p)
+{
+	char *to = mmap(NULL, LEN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS,
+			-1, 0);
+
+	return to != MAP_FAILED &&
+	       mremap(p, LEN, LEN, MREMAP_MAYMOVE | MREMAP_FIXED, to) == to ?
+	       0 : -1;
+}
+
+static int sy_ch_mprotect(char *p) { return mprotect(p, LEN, PROT_READ); }
+
+/*
+ * One change in this thread: with pinned pages it is reported by this
+ * thread's handler before the call returns; mprotect and memory never
+ * pinned are not reported at all.
+ */
+struct sy_case {
+	int (*change)(char *p);
+	bool pinned, reported;
+	const char *what;
+};
+
+int sy_order(const struct sy_case *c)
+{
+	bool pinned = c->pinned, reported = c->reported;
+	const char *what = c->what;
+	struct kreg_nf_sync_stats st;
+	int rc;
+	char *p;
+
+	CHECK(sy_start(SY_SIGNO, 10000, false) == 0, "SYNC_START");
+	p = sy_buffer(pinned, &rc);
+	if (rc)
+		return rc;
+	CHECK(c->change(p) == 0, "%s", what);
+	CHECK(g_sy.reported == reported, "%s: reported %d before it returned, want %d (handler ran %d times)",
+	      what, g_sy.reported, reported, g_sy.handler_runs);
+	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+	if (reported)
+		CHECK(st.signalled >= 1 && st.queued >= 1,
+		      "signalled %llu queued %llu", (unsigned long long)st.signalled,
+		      (unsigned long long)st.queued);
+	else if (!pinned)
+		CHECK(st.queued == 0 && st.unpinned >= 1,
+		      "memory never pinned: queued %llu unpinned %llu",
+		      (unsigned long long)st.queued,
+		      (unsigned long long)st.unpinned);
+	else
+		CHECK(st.queued == 0, "%s queued %llu", what,
+		      (unsigned long long)st.queued);
+	return 0;
+}
+
+
+/*
+ * The cross-thread window: another thread unmaps; this one spins mapping
+ * the same address. The unmapping thread's handler takes 100 ms: this
+ * thread's mmap must not return with the address before the report.
+ */
+static int t_sync_other_thread_held(void)
+{
+	struct kreg_nf_sync_stats st;
+	pthread_t b;
+	int rc, tries = 0;
+	char *p, *q;
+
+	rc = sy_setup(SY_SIGNO, 10000, false, &p);
+	if (rc)
+		return rc;
+	g_sy.delay_ms = 100;
+	CHECK(pthread_create(&b, NULL, sy_unmapper, p) == 0, "pthread_create");
+	for (;;) {
+		q = mmap(p, LEN, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+		if (q == p)
+			break;
+		CHECK(q == MAP_FAILED && errno == EEXIST, "mmap NOREPLACE");
+		tries++;
+	}
+	CHECK(g_sy.reported, "this thread mapped the freed address before the unmapping thread's report (after %d tries)",
+	      tries);
+	pthread_join(b, NULL);
+	CHECK(sy_stats(&st) == 0 && st.gates >= 1 && st.gate_waits >= 1,
+	      "gates %llu waits %llu", (unsigned long long)st.gates,
+	      (unsigned long long)st.gate_waits);
+	return 0;
+}
+
+static void *sy_blocked_unmapper(void *p)
+{
+	sigset_t set;
+
+	sigemptyset(&set);
+	sigaddset(&set, SY_SIGNO);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	if (munmap(p, LEN))
+		return (void *)1;
+	return (void *)(intptr_t)(g_sy.reported ? 0 : 2);
+}
+
+/* A thread that blocks the signal is held until the dispatcher reported. */
+static int t_sync_blocked_signal(void)
+{
+	struct kreg_nf_sync_stats st;
+	void *ret;
+	pthread_t b;
+	int rc;
+	char *p;
+
+	rc = sy_setup(SY_SIGNO, 10000, true, &p);
+	if (rc)
+		return rc;
+	CHECK(pthread_create(&b, NULL, sy_blocked_unmapper, p) == 0, "pthread_create");
+	pthread_join(b, &ret);
+	CHECK(ret == NULL, "the blocking thread's munmap returned %s",
+	      ret == (void *)2 ? "before the dispatcher's report" : "an error");
+	CHECK(sy_stats(&st) == 0 && st.self_gated == 1 && st.signalled == 0,
+	      "self_gated %llu signalled %llu",
+	      (unsigned long long)st.self_gated, (unsigned long long)st.signalled);
+	CHECK(g_sy.handler_runs == 0, "the handler ran in a thread that blocks it");
+	sy_stop_dispatcher();
+	return 0;
+}
+
+static void sy_other_handler(int sig)
+{
+	(void)sig;
+}
+
+/* Another handler installed over the draining one after SYNC_START: the
+ * changing thread is held, as if it blocked the signal, until the
+ * dispatcher reported. */
+static int t_sync_replaced_handler(void)
+{
+	struct sigaction sa = { .sa_handler = sy_other_handler };
+	struct kreg_nf_sync_stats st;
+	int rc;
+	char *p;
+
+	rc = sy_setup(SY_SIGNO, 10000, true, &p);
+	if (rc)
+		return rc;
+	sigemptyset(&sa.sa_mask);
+	CHECK(sigaction(SY_SIGNO, &sa, NULL) == 0, "sigaction");
+	CHECK(munmap(p, LEN) == 0, "munmap");
+	CHECK(g_sy.reported, "munmap returned before the report");
+	CHECK(sy_stats(&st) == 0 && st.self_gated == 1 && st.signalled == 0,
+	      "self_gated %llu signalled %llu",
+	      (unsigned long long)st.self_gated, (unsigned long long)st.signalled);
+	sy_stop_dispatcher();
+	return 0;
+}
+
+/* No signal, no dispatcher: the changing thread is let go after the gate
+ * timeout, and that is counted. */
+static int t_sync_gate_timeout(void)
+{
+	struct kreg_nf_sync_stats st;
+	double t0, ms;
+	int rc;
+	char *p;
+
+	CHECK(sy_start(0, 50, false) == 0, "SYNC_START signo 0");
+	p = sy_buffer(true, &rc);
+	if (rc)
+		return rc;
+	t0 = now_ns();
+	CHECK(munmap(p, LEN) == 0, "munmap");
+	ms = (now_ns() - t0) / 1e6;
+	CHECK(sy_stats(&st) == 0 && st.gate_timeouts == 1 && st.self_gated == 1,
+	      "gate_timeouts %llu self_gated %llu",
+	      (unsigned long long)st.gate_timeouts,
+	      (unsigned long long)st.self_gated);
+	CHECK(ms >= 40 && ms < 5000, "held %.1f ms, timeout 50 ms", ms);
+	CHECK(!g_sy.reported, "reported with nobody draining");
+	/* what it was held for is still queued: a late DRAIN reports it */
+	CHECK(sy_drain() == 0 && g_sy.reported, "queued range lost after the timeout");
+	return 0;
+}
+
+/* io_uring's madvise runs in an io-wq worker: no signal can reach the
+ * change; it is counted late, and the submitter, held at its return from
+ * io_uring_enter, sees the completion only after the dispatcher's report. */
+static int t_sync_io_uring_madvise(void)
+{
+	struct kreg_nf_sync_stats st;
+	struct io_uring_cqe *cqe;
+	struct io_uring_sqe *sqe;
+	int rc;
+	char *p;
+
+	rc = sy_setup(SY_SIGNO, 10000, true, &p);
+	if (rc)
+		return rc;
+	g_sy.disp_delay_ms = 100;	/* the submitter would see its CQE first */
+	sqe = io_uring_get_sqe(&g_ring);
+	CHECK(sqe, "io_uring_get_sqe");
+	io_uring_prep_madvise(sqe, p, LEN, MADV_DONTNEED);
+	CHECK(io_uring_submit_and_wait(&g_ring, 1) == 1, "submit");
+	CHECK(io_uring_peek_cqe(&g_ring, &cqe) == 0, "cqe");
+	if (cqe->res == -EINVAL || cqe->res == -EOPNOTSUPP)
+		return skip("IORING_OP_MADVISE: %s", strerror(-cqe->res));
+	CHECK(cqe->res == 0, "madvise through io_uring: %d", cqe->res);
+	CHECK(g_sy.reported, "io_uring_enter returned before the report");
+	CHECK(sy_stats(&st) == 0 && st.late >= 1,
+	      "late %llu (the worker's change)", (unsigned long long)st.late);
+	sy_stop_dispatcher();
+	return 0;
+}
+
+/* A change made inside the handler (the signal is blocked there) is held
+ * until the dispatcher reports it; the outer call returns after both. */
+static int t_sync_handler_reentered(void)
+{
+	struct kreg_nf_sync_stats st;
+	int rc;
+	char *p, *q;
+
+	rc = sy_setup(SY_SIGNO, 10000, true, &p);
+	if (rc)
+		return rc;
+	q = anon(LEN);
+	CHECK(q && pin(q, LEN) == 0, "second pinned buffer");
+	g_sy.want2_start = (uintptr_t)q;
+	g_sy.want2_end = (uintptr_t)q + LEN;
+	g_sy.inner = q;
+	CHECK(munmap(p, LEN) == 0, "munmap");
+	CHECK(g_sy.reported && g_sy.reported2,
+	      "after the outer munmap: outer reported %d, inner %d",
+	      g_sy.reported, g_sy.reported2);
+	CHECK(sy_stats(&st) == 0 && st.self_gated >= 1,
+	      "self_gated %llu", (unsigned long long)st.self_gated);
+	sy_stop_dispatcher();
+	return 0;
+}
+
+/* A forked child neither stops the parent's delivery (its close) nor adds
+ * to it (its own changes). */
+static int t_sync_fork_child(void)
+{
+	struct kreg_nf_sync_stats st;
+	int rc, status;
+	pid_t pid;
+	char *p;
+
+	rc = sy_setup(SY_SIGNO, 10000, false, &p);
+	if (rc)
+		return rc;
+	pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (pid == 0) {
+		close(g_sy.fd);
+		_exit(munmap(p, LEN) ? 3 : 0);
+	}
+	CHECK(waitpid(pid, &status, 0) == pid && status == 0, "child %#x", status);
+	CHECK(sy_stats(&st) == 0 && st.queued == 0,
+	      "the child's changes were queued: %llu",
+	      (unsigned long long)st.queued);
+	CHECK(munmap(p, LEN) == 0 && g_sy.reported,
+	      "after the child's close: reported %d", g_sy.reported);
+	return 0;
+}
+
+static void *sy_spinner(void *a)
+{
+	(void)a;
+	for (;;)
+		syscall(SYS_getppid);
+	return NULL;
+}
+
+/*
+ * A process ends while its threads are held: by exit_group from the
+ * handler, or by SIGKILL while the handler sleeps. Held threads die with
+ * it (the hold is killable) and nothing of it stays in the module.
+ */
+static int sy_end_while_held(bool by_kill)
+{
+	long c0 = sysval("contexts"), r0 = sysval("ranges"), c, r;
+	double t0 = now_ns();
+	int status;
+	pid_t pid;
+
+	pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (pid == 0) {
+		pthread_t b, s;
+		int rc;
+		char *p;
+
+		if (sy_start(SY_SIGNO, 60000, false))
+			_exit(2);
+		p = sy_buffer(true, &rc);
+		if (rc)
+			_exit(rc);
+		g_sy.delay_ms = by_kill ? 60000 : 300;
+		g_sy.exit_in_handler = !by_kill;
+		pthread_create(&s, NULL, sy_spinner, NULL);
+		pthread_create(&b, NULL, sy_unmapper, p);
+		for (;;)
+			usleep(1000);	/* held at a return from here */
+	}
+	if (by_kill) {
+		usleep(500000);
+		kill(pid, SIGKILL);
+	}
+	CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 77)
+		return skip("no pinned memory in the child");
+	if (by_kill)
+		CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+		      "child %#x", status);
+	else
+		CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		      "child %#x", status);
+	CHECK((now_ns() - t0) / 1e9 < 10, "the end took %.1f s (held threads "
+	      "waited for their timeout?)", (now_ns() - t0) / 1e9);
+	CHECK(live_back_to(c0, r0, &c, &r),
+	      "after exit: contexts %ld ranges %ld, baseline %ld %ld", c, r,
+	      c0, r0);
+	return 0;
+}
+
+static int t_sync_exit_while_held(void)
+{
+	return sy_end_while_held(false);
+}
+
+static int t_sync_sigkill_while_held(void)
+{
+	return sy_end_while_held(true);
+}
+
+/* The owner's close lets every held thread go at once. */
+static int t_sync_close_lets_go(void)
+{
+	long c0 = sysval("contexts"), r0 = sysval("ranges"), c, r;
+	double t0;
+	pthread_t b;
+	int rc;
+	char *p, *q;
+
+	rc = sy_setup(SY_SIGNO, 20000, false, &p);
+	if (rc)
+		return rc;
+	g_sy.delay_ms = 100;
+	g_sy.close_in_handler = true;
+	t0 = now_ns();
+	CHECK(pthread_create(&b, NULL, sy_unmapper, p) == 0, "pthread_create");
+	do {
+		q = mmap(p, LEN, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	} while (q == MAP_FAILED && errno == EEXIST);
+	CHECK(q == p, "mmap NOREPLACE");
+	CHECK((now_ns() - t0) / 1e6 < 5000, "held %.0f ms after the close",
+	      (now_ns() - t0) / 1e6);
+	pthread_join(b, NULL);
+	io_uring_queue_exit(&g_ring);
+	g_ring_up = false;
+	CHECK(live_back_to(c0, r0, &c, &r),
+	      "after close: contexts %ld ranges %ld, baseline %ld %ld", c, r,
+	      c0, r0);
+	return 0;
+}
+
+static int t_sync_bad_args(void)
+{
+	struct kreg_nf_range r[2];
+	struct kreg_nf_sync_drain d = { .buf = (uintptr_t)r, .max = 2 };
+	struct kreg_nf_sync_stats st;
+	struct kreg_nf_sync_start bad[] = {
+		/* each bad in one field only: .handler is set with a signo */
+		{ .signo = SIGKILL, .gate_timeout_ms = 10, .handler = 1 },
+		{ .signo = SIGSTOP, .gate_timeout_ms = 10, .handler = 1 },
+		{ .signo = 65, .gate_timeout_ms = 10, .handler = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 0, .handler = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 60001, .handler = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 10, .flags = 1, .handler = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 10, .reserved = 1, .handler = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 10 },	/* no handler */
+		{ .signo = 0, .gate_timeout_ms = 10, .handler = 1 },
+	};
+	int rc;
+	char *p;
+
+	memset(&g_sy, 0, sizeof(g_sy));
+	g_sy.fd = open(KREG_NF_DEVICE, O_RDWR | O_CLOEXEC);
+	CHECK(g_sy.fd >= 0, "open");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, &d) && errno == ENOENT,
+	      "DRAIN before START");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP) && errno == ENOENT,
+	      "STOP before START");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STATS, &st) && errno == ENOENT,
+	      "STATS before START");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DISPATCHER) && errno == ENOENT,
+	      "DISPATCHER before START");
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_START, &bad[i]) &&
+		      errno == EINVAL, "bad START %zu accepted", i);
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_START, (void *)1) && errno == EFAULT,
+	      "START from a bad pointer");
+	close(g_sy.fd);
+	/* signo 0: nothing is signalled, so a DRAIN sees the range queued */
+	CHECK(sy_start(0, 10, false) == 0, "SYNC_START");
+	CHECK(sy_start_ioctl(0, 10) == -EBUSY, "a second START");
+	p = sy_buffer(true, &rc);
+	if (rc)
+		return rc;
+	CHECK(munmap(p, LEN) == 0, "munmap");
+	d.max = 0;
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, &d) && errno == EINVAL, "max 0");
+	d.max = KREG_NF_SYNC_QUEUE + 1;
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, &d) && errno == EINVAL,
+	      "max over the queue");
+	d.max = 2;
+	d.ack = 1000;
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, &d) && errno == EINVAL,
+	      "ack of a seq never handed out");
+	d.ack = 0;
+	d.buf = 8;
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, &d) && errno == EFAULT,
+	      "DRAIN into a bad buffer");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DRAIN, (void *)8) && errno == EFAULT,
+	      "DRAIN from a bad pointer");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STATS, (void *)8) && errno == EFAULT,
+	      "STATS to a bad pointer");
+	/* nothing was lost: the range is still there */
+	CHECK(sy_drain() == 0 && g_sy.reported, "the range after bad DRAINs");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP) == 0, "STOP");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP) && errno == ENOENT, "STOP twice");
+	CHECK(sy_start_ioctl(SY_SIGNO, 10) == 0, "START after STOP");
+	return 0;
+}
+
+
+const struct nf_test nf_tests_sync[] = {
+	SYNC("sync-munmap", sy_ch_munmap, true, true, "munmap"),
+	SYNC("sync-raw-munmap", sy_ch_raw_munmap, true, true,
+	     "syscall(SYS_munmap)"),
+	SYNC("sync-madvise-dontneed", sy_ch_dontneed, true, true,
+	     "MADV_DONTNEED"),
+	SYNC("sync-map-fixed-over", sy_ch_map_fixed, true, true,
+	     "mmap MAP_FIXED over"),
+	SYNC("sync-mremap-fixed", sy_ch_mremap, true, true,
+	     "mremap MREMAP_FIXED"),
+	SYNC("sync-no-report-mprotect", sy_ch_mprotect, true, false,
+	     "mprotect"),
+	SYNC("sync-no-report-unpinned", sy_ch_munmap, false, false,
+	     "munmap of memory never pinned"),
+	{ "sync-other-thread-held", t_sync_other_thread_held, NULL, NULL },
+	{ "sync-blocked-signal", t_sync_blocked_signal, NULL, NULL },
+	{ "sync-replaced-handler", t_sync_replaced_handler, NULL, NULL },
+	{ "sync-gate-timeout", t_sync_gate_timeout, NULL, NULL },
+	{ "sync-io-uring-madvise", t_sync_io_uring_madvise, NULL, NULL },
+	{ "sync-handler-reentered", t_sync_handler_reentered, NULL, NULL },
+	{ "sync-fork-child", t_sync_fork_child, NULL, NULL },
+	{ "sync-exit-while-held", t_sync_exit_while_held, NULL, NULL },
+	{ "sync-sigkill-while-held", t_sync_sigkill_while_held, NULL, NULL },
+	{ "sync-close-lets-go", t_sync_close_lets_go, NULL, NULL },
+	{ "sync-bad-args", t_sync_bad_args, NULL, NULL },
+};
+const size_t nf_n_sync = sizeof(nf_tests_sync) / sizeof(nf_tests_sync[0]);

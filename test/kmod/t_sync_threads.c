@@ -1,0 +1,728 @@
+/*
+ * Synchronous delivery in a process of many threads: what the application
+ * does with signals, threads changing pinned memory at once, threads that
+ * never enter the kernel, the reader thread, other processes, exec.
+ */
+#include "nf_test.h"
+
+#include <sched.h>
+
+#define fmax(a, b) ((a) > (b) ? (a) : (b))
+
+/* A pinned buffer of its own ring, so that it can be unpinned again. */
+struct pinned {
+	struct io_uring ring;
+	char *p;
+	size_t len;
+};
+
+/* 0, 77 with the reason, or a failure */
+static int pinned_new(struct pinned *b, size_t len)
+{
+	struct iovec iov;
+	int r;
+
+	b->len = len;
+	b->p = anon(len);
+	if (!b->p)
+		return 1;
+	iov.iov_base = b->p;
+	iov.iov_len = len;
+	r = io_uring_queue_init(2, &b->ring, 0);
+	if (r)
+		return skip("io_uring_queue_init: %s", strerror(-r));
+	r = io_uring_register_buffers(&b->ring, &iov, 1);
+	if (r) {
+		io_uring_queue_exit(&b->ring);
+		return skip("io_uring_register_buffers (the pin): %s",
+			    strerror(-r));
+	}
+	return 0;
+}
+
+/* unmaps it (the change), then drops the pin */
+static int pinned_free(struct pinned *b)
+{
+	int r = munmap(b->p, b->len);
+
+	io_uring_queue_exit(&b->ring);
+	return r;
+}
+
+static double ms_since(double t0)
+{
+	return (now_ns() - t0) / 1e6;
+}
+
+/* ---- 1: nothing the application does with signals kills or opens a window */
+
+static volatile bool g_stop;
+
+/* Cycles every real-time signal's disposition and its own mask. */
+static void *toggler(void *a)
+{
+	struct sigaction dfl = { .sa_handler = SIG_DFL };
+	struct sigaction ign = { .sa_handler = SIG_IGN };
+	sigset_t all;
+
+	(void)a;
+	sigfillset(&all);
+	while (!g_stop) {
+		for (int s = SIGRTMIN; s <= SIGRTMAX && !g_stop; s++) {
+			sigaction(s, &dfl, NULL);
+			sigaction(s, &ign, NULL);
+			pthread_sigmask(SIG_BLOCK, &all, NULL);
+			pthread_sigmask(SIG_UNBLOCK, &all, NULL);
+			sigaction(s, &dfl, NULL);
+		}
+	}
+	return NULL;
+}
+
+/*
+ * The reader reports (signo 0, the library's default): a thread resetting
+ * every real-time signal to SIG_DFL or SIG_IGN, and changing its mask, while
+ * another frees registered memory, can neither kill the process nor let a
+ * free return before its report.
+ */
+static int t_sync_signal_dispositions(void)
+{
+	enum { ROUNDS = 300 };
+	struct kreg_nf_sync_stats st;
+	/* KREG_NF_TEST_SIGNO=N: the same with signal N (by hand) */
+	const char *env = getenv("KREG_NF_TEST_SIGNO");
+	int rc, signo = env ? atoi(env) : 0;
+	pthread_t tog;
+
+	CHECK(sy_start(signo, 5000, true) == 0, "SYNC_START signo %d", signo);
+	CHECK(pthread_create(&tog, NULL, toggler, NULL) == 0, "pthread_create");
+	for (int i = 0; i < ROUNDS; i++) {
+		struct pinned b;
+
+		rc = pinned_new(&b, LEN);
+		if (rc) {
+			g_stop = true;
+			return rc;
+		}
+		g_sy.want_start = (uintptr_t)b.p;
+		g_sy.want_end = (uintptr_t)b.p + LEN;
+		g_sy.reported = 0;
+		CHECK(pinned_free(&b) == 0, "munmap");
+		CHECK(g_sy.reported, "round %d: munmap returned before its report", i);
+	}
+	g_stop = true;
+	pthread_join(tog, NULL);
+	CHECK(sy_stats(&st) == 0 && st.gate_timeouts == 0 && st.queued >= ROUNDS,
+	      "gate_timeouts %llu queued %llu",
+	      (unsigned long long)st.gate_timeouts,
+	      (unsigned long long)st.queued);
+	sy_stop_dispatcher();
+	return 0;
+}
+
+/* ---- 2: threads that free pinned memory at once -------------------------- */
+
+struct freer {
+	pthread_barrier_t *bar;
+	int rounds;
+	double worst_ms;
+	int rc;
+};
+
+static void *freer_main(void *a)
+{
+	struct freer *f = a;
+
+	for (int i = 0; i < f->rounds; i++) {
+		struct pinned b;
+		double t0;
+
+		f->rc = pinned_new(&b, LEN);
+		if (f->rc)
+			return NULL;
+		pthread_barrier_wait(f->bar);
+		t0 = now_ns();
+		if (pinned_free(&b)) {
+			f->rc = 1;
+			return NULL;
+		}
+		f->worst_ms = fmax(f->worst_ms, ms_since(t0));
+		pthread_barrier_wait(f->bar);
+	}
+	return NULL;
+}
+
+/* holds and drops mmap_lock for writing, over and over */
+static void *lock_holder(void *a)
+{
+	(void)a;
+	while (!g_stop) {
+		char *q = mmap(NULL, 8 << 20, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+
+		if (q != MAP_FAILED)
+			munmap(q, 8 << 20);
+	}
+	return NULL;
+}
+
+/*
+ * Two threads free their own pinned buffers at the same instant, 100
+ * times, with a third thread taking mmap_lock for writing in a loop: no
+ * free waits for the other's gate (the worst is far below the timeout), no
+ * gate times out. With the signal, no reader runs: each thread's own
+ * handler must report; with signo 0, the reader does.
+ */
+static int sy_concurrent(int signo)
+{
+	enum { ROUNDS = 100 };
+	struct kreg_nf_sync_stats st;
+	pthread_barrier_t bar;
+	struct freer f[2] = { { .bar = &bar, .rounds = ROUNDS },
+			      { .bar = &bar, .rounds = ROUNDS } };
+	pthread_t t[2], lk;
+
+	CHECK(sy_start(signo, 3000, !signo) == 0, "SYNC_START");
+	pthread_barrier_init(&bar, NULL, 2);
+	g_stop = false;
+	CHECK(pthread_create(&lk, NULL, lock_holder, NULL) == 0, "lock holder");
+	for (int i = 0; i < 2; i++)
+		CHECK(pthread_create(&t[i], NULL, freer_main, &f[i]) == 0,
+		      "pthread_create");
+	for (int i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	g_stop = true;
+	pthread_join(lk, NULL);
+	for (int i = 0; i < 2; i++) {
+		if (f[i].rc == 77)
+			return 77;
+		CHECK(f[i].rc == 0, "freer %d failed", i);
+		printf("freer %d: worst free %.1f ms\n", i, f[i].worst_ms);
+		CHECK(f[i].worst_ms < 1500, "freer %d: a free took %.0f ms (the gate timeout is 3000)",
+		      i, f[i].worst_ms);
+	}
+	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+	printf("queued %llu signalled %llu gates %llu waits %llu passes %llu drain_waits %llu\n",
+	       (unsigned long long)st.queued, (unsigned long long)st.signalled,
+	       (unsigned long long)st.gates, (unsigned long long)st.gate_waits,
+	       (unsigned long long)st.gate_passes,
+	       (unsigned long long)st.drain_waits);
+	CHECK(st.gate_timeouts == 0, "gate_timeouts %llu",
+	      (unsigned long long)st.gate_timeouts);
+	CHECK(st.queued >= 2 * ROUNDS, "queued %llu", (unsigned long long)st.queued);
+	sy_stop_dispatcher();
+	return 0;
+}
+
+static int t_sync_concurrent_frees(void)
+{
+	return sy_concurrent(SY_SIGNO);
+}
+
+static int t_sync_concurrent_frees_reader(void)
+{
+	return sy_concurrent(0);
+}
+
+/* ---- 3: threads that do not cross into the kernel cost nothing ----------- */
+
+static int g_sleep_pipe[2];
+
+static void *sleeper(void *a)
+{
+	char c;
+
+	(void)a;
+	return (void *)(intptr_t)read(g_sleep_pipe[0], &c, 1);
+}
+
+/*
+ * 1000 threads asleep in read(): once each has its gate, a change of
+ * pinned memory arms none of them again (the count of gates armed grows by
+ * what the changing thread and the reader need, not by 1000 a change).
+ */
+static int t_sync_sleepers_not_walked(void)
+{
+	enum { SLEEPERS = 1000, CHANGES = 20 };
+	struct kreg_nf_sync_stats a, b;
+	static pthread_t t[SLEEPERS];
+	pthread_attr_t attr;
+	int rc, n = 0;
+
+	CHECK(pipe(g_sleep_pipe) == 0, "pipe");
+	pthread_attr_init(&attr);
+	pthread_attr_setstacksize(&attr, 64 << 10);
+	for (; n < SLEEPERS; n++)
+		if (pthread_create(&t[n], &attr, sleeper, NULL))
+			break;
+	if (n < SLEEPERS / 2)
+		return skip("only %d threads could be created", n);
+	usleep(200000);		/* all asleep */
+	CHECK(sy_start(SY_SIGNO, 5000, true) == 0, "SYNC_START");
+	for (int i = 0; i < 2 + CHANGES; i++) {
+		struct pinned p;
+
+		if (i == 2)
+			CHECK(sy_stats(&a) == 0, "SYNC_STATS");
+		rc = pinned_new(&p, LEN);
+		if (rc)
+			return rc;
+		CHECK(pinned_free(&p) == 0, "munmap");
+	}
+	CHECK(sy_stats(&b) == 0, "SYNC_STATS");
+	printf("%d sleepers: threads seen %llu, over %d changes: queued %llu, gates armed %llu\n",
+	       n, (unsigned long long)b.threads, CHANGES,
+	       (unsigned long long)(b.queued - a.queued),
+	       (unsigned long long)(b.gates - a.gates));
+	CHECK(b.queued - a.queued >= CHANGES, "queued %llu of %d changes",
+	      (unsigned long long)(b.queued - a.queued), CHANGES);
+	CHECK(b.threads >= (uint64_t)n, "threads seen %llu of %d",
+	      (unsigned long long)b.threads, n);
+	CHECK(b.gates - a.gates <= 10 * CHANGES,
+	      "%llu gates armed for %d changes with %d threads asleep",
+	      (unsigned long long)(b.gates - a.gates), CHANGES, n);
+	sy_stop_dispatcher();
+	return 0;
+}
+
+/* Rescheduling interrupts CPU cpu has taken (RES in /proc/interrupts). */
+static long res_irqs(int cpu)
+{
+	char line[4096];
+	long v = -1;
+	FILE *f = fopen("/proc/interrupts", "r");
+
+	while (f && fgets(line, sizeof(line), f)) {
+		char *s = line;
+
+		while (*s == ' ')
+			s++;
+		if (strncmp(s, "RES:", 4))
+			continue;
+		s += 4;
+		for (int i = 0; i <= cpu; i++)
+			v = strtol(s, &s, 10);
+		break;
+	}
+	if (f)
+		fclose(f);
+	return v;
+}
+
+static volatile unsigned long g_spins;
+
+static void *user_spinner(void *a)
+{
+	cpu_set_t set;
+
+	CPU_ZERO(&set);
+	CPU_SET((int)(intptr_t)a, &set);
+	pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+	while (!g_stop)
+		g_spins++;
+	return NULL;
+}
+
+/* CHANGES pinned frees; the rescheduling interrupts CPU 1 took meanwhile */
+static long res_during_changes(int changes, long *res)
+{
+	long r0 = res_irqs(1);
+	int rc;
+
+	for (int i = 0; i < changes; i++) {
+		struct pinned p;
+
+		rc = pinned_new(&p, LEN);
+		if (rc)
+			return rc;
+		CHECK(pinned_free(&p) == 0, "munmap");
+	}
+	*res = res_irqs(1) - r0;
+	return r0 < 0 ? 1 : 0;
+}
+
+/*
+ * A thread spinning in user space on another CPU is never interrupted by a
+ * change (the gate is armed without a kick): that CPU takes no more
+ * rescheduling interrupts with synchronous delivery than without it (the
+ * pins themselves, io_uring's teardown, wake threads on it in both).
+ */
+static int t_sync_spinner_not_kicked(void)
+{
+	enum { CHANGES = 200 };
+	long base, with;
+	pthread_t sp;
+	cpu_set_t set;
+	int rc;
+
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		return skip("one CPU: no thread runs beside the changing one");
+	CPU_ZERO(&set);
+	CPU_SET(0, &set);
+	CHECK(sched_setaffinity(0, sizeof(set), &set) == 0, "affinity");
+	g_stop = false;
+	CHECK(pthread_create(&sp, NULL, user_spinner, (void *)1) == 0, "spinner");
+	usleep(100000);
+	rc = res_during_changes(CHANGES, &base);
+	if (!rc) {
+		CHECK(sy_start(SY_SIGNO, 5000, false) == 0, "SYNC_START");
+		rc = res_during_changes(CHANGES, &with);
+	}
+	g_stop = true;
+	pthread_join(sp, NULL);
+	if (rc)
+		return rc;
+	printf("CPU 1 (the spinner's) took %ld rescheduling interrupts during %d changes without synchronous delivery, %ld with it\n",
+	       base, CHANGES, with);
+	{
+		struct kreg_nf_sync_stats st;
+
+		if (sy_stats(&st) == 0)
+			printf("gates %llu waits %llu passes %llu timeouts %llu\n",
+			       (unsigned long long)st.gates,
+			       (unsigned long long)st.gate_waits,
+			       (unsigned long long)st.gate_passes,
+			       (unsigned long long)st.gate_timeouts);
+	}
+	CHECK(with - base < CHANGES / 2,
+	      "the spinner's CPU was interrupted %ld times more for %d changes",
+	      with - base, CHANGES);
+	return 0;
+}
+
+/* ---- 4: close leaves nothing behind, sleepers included ------------------ */
+
+static long module_refcnt(void)
+{
+	char buf[32] = "";
+	FILE *f = fopen("/sys/module/kreg_notifier/refcnt", "r");
+	long v = -1;
+
+	if (f && fgets(buf, sizeof(buf), f))
+		v = atol(buf);
+	if (f)
+		fclose(f);
+	return v;
+}
+
+/*
+ * A thread asleep in read() with its gate queued: the owner's close frees
+ * the context at once and the module's references within a second, and
+ * the sleeper's read() goes on and returns what is written later.
+ */
+static int t_sync_close_sleeper(void)
+{
+	long c0 = sysval("contexts"), m0 = module_refcnt(), c, m = -1;
+	pthread_t s;
+	void *ret;
+	double t0;
+
+	CHECK(pipe(g_sleep_pipe) == 0, "pipe");
+	CHECK(pthread_create(&s, NULL, sleeper, NULL) == 0, "sleeper");
+	usleep(100000);
+	CHECK(sy_start(SY_SIGNO, 5000, false) == 0, "SYNC_START");
+	CHECK(sysval("contexts") == c0 + 1, "contexts %ld, baseline %ld",
+	      sysval("contexts"), c0);
+	{
+		/* a change: every thread's gate is queued */
+		struct pinned b;
+		int rc = pinned_new(&b, LEN);
+
+		if (rc)
+			return rc;
+		CHECK(pinned_free(&b) == 0, "munmap");
+	}
+	close(g_sy.fd);
+	t0 = now_ns();
+	do {
+		c = sysval("contexts");
+		m = module_refcnt();
+		if (c == c0 && m == m0)
+			break;
+		usleep(10000);
+	} while (ms_since(t0) < 1000);
+	CHECK(c == c0, "contexts %ld a second after close, baseline %ld", c, c0);
+	CHECK(m == m0, "module references %ld a second after close, baseline %ld",
+	      m, m0);
+	CHECK(write(g_sleep_pipe[1], "x", 1) == 1, "write");
+	pthread_join(s, &ret);
+	CHECK((intptr_t)ret == 1, "the sleeper's read() returned %ld",
+	      (long)(intptr_t)ret);
+	return 0;
+}
+
+/* ---- 5: the reader --------------------------------------------------------- */
+
+static void *reader_then_exit(void *a)
+{
+	(void)a;
+	return (void *)(intptr_t)ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DISPATCHER);
+}
+
+struct mapper {
+	char *p;
+	int tries;
+	int reported_at_map;
+};
+
+static void *mapper_main(void *a)
+{
+	struct mapper *m = a;
+	char *q;
+
+	for (;;) {
+		q = mmap(m->p, LEN, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+		if (q == m->p)
+			break;
+		m->tries++;
+	}
+	m->reported_at_map = g_sy.reported;
+	return NULL;
+}
+
+/*
+ * A thread that was the reader exits; threads made afterwards (one may
+ * reuse its task_struct) are held like any other: each must not map the
+ * address another thread freed before that free is reported.
+ */
+static int t_sync_reader_exit(void)
+{
+	enum { ROUNDS = 20 };
+	pthread_t r, u, mt;
+	void *ret;
+	int rc;
+
+	CHECK(sy_start(SY_SIGNO, 10000, false) == 0, "SYNC_START");
+	CHECK(pthread_create(&r, NULL, reader_then_exit, NULL) == 0, "reader");
+	pthread_join(r, &ret);
+	CHECK(ret == NULL, "SYNC_DISPATCHER");
+	g_sy.delay_ms = 50;
+	for (int i = 0; i < ROUNDS; i++) {
+		struct mapper m = { 0 };
+		char *p = sy_buffer(true, &rc);
+
+		if (rc)
+			return rc;
+		g_sy.reported = 0;
+		m.p = p;
+		CHECK(pthread_create(&mt, NULL, mapper_main, &m) == 0, "mapper");
+		CHECK(pthread_create(&u, NULL, sy_unmapper, p) == 0,
+		      "unmapper");
+		pthread_join(u, NULL);
+		pthread_join(mt, NULL);
+		CHECK(m.reported_at_map, "round %d: a thread made after the reader exited mapped the freed address before the report (%d tries)",
+		      i, m.tries);
+		munmap(p, LEN);
+	}
+	return 0;
+}
+
+static volatile double g_own_ms = -1;
+
+static void *reader_frees(void *a)
+{
+	struct pinned *b = a;
+	struct pollfd pfd = { .fd = g_sy.fd, .events = POLLIN };
+	double t0;
+
+	if (ioctl(g_sy.fd, KREG_NF_IOC_SYNC_DISPATCHER))
+		return (void *)1;
+	t0 = now_ns();
+	if (pinned_free(b))
+		return (void *)2;
+	g_own_ms = ms_since(t0);
+	/* back in its loop, it reports its own change */
+	for (int i = 0; i < 100 && !g_sy.reported; i++)
+		if (poll(&pfd, 1, 20) > 0)
+			sy_drain();
+	return NULL;
+}
+
+/*
+ * The reader frees pinned memory itself: it is not held (nobody else
+ * would report its change) and reports the change itself right after.
+ */
+static int t_sync_reader_own_change(void)
+{
+	struct kreg_nf_sync_stats st;
+	struct pinned b;
+	pthread_t r;
+	void *ret;
+	int rc;
+
+	CHECK(sy_start(0, 5000, false) == 0, "SYNC_START");
+	rc = pinned_new(&b, LEN);
+	if (rc)
+		return rc;
+	g_sy.want_start = (uintptr_t)b.p;
+	g_sy.want_end = (uintptr_t)b.p + LEN;
+	CHECK(pthread_create(&r, NULL, reader_frees, &b) == 0, "reader");
+	pthread_join(r, &ret);
+	CHECK(ret == NULL, "reader failed: %ld", (long)(intptr_t)ret);
+	printf("the reader's own free took %.1f ms\n", g_own_ms);
+	CHECK(g_own_ms < 1000, "the reader was held %.0f ms by its own change",
+	      g_own_ms);
+	CHECK(g_sy.reported, "the reader's own change was never reported");
+	CHECK(sy_stats(&st) == 0 && st.own_changes == 1 && st.gate_timeouts == 0,
+	      "own_changes %llu gate_timeouts %llu",
+	      (unsigned long long)st.own_changes,
+	      (unsigned long long)st.gate_timeouts);
+	return 0;
+}
+
+/* ---- 6: another process's change of pages this process never pinned ---- */
+
+static volatile double g_worst_ms;
+
+static void *syscaller(void *a)
+{
+	(void)a;
+	while (!g_stop) {
+		double t0 = now_ns();
+
+		syscall(SYS_getppid);
+		g_worst_ms = fmax(g_worst_ms, ms_since(t0));
+	}
+	return NULL;
+}
+
+/* a child punches the whole of mfd out */
+static int punch_from_child(int mfd, size_t len)
+{
+	int status;
+	pid_t pid = fork();
+
+	if (pid == 0)
+		_exit(fallocate(mfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				0, len) ? 3 : 0);
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return -1;
+	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/*
+ * This process has pinned memory (pinned_vm > 0) and maps a shared memfd
+ * it never pinned; another process punches a hole in that memfd: nothing
+ * is queued and no thread of this process is held. Then the control: the
+ * same with the memfd's pages pinned is queued and reported.
+ */
+static int t_sync_other_process_unpinned(void)
+{
+	struct kreg_nf_sync_stats st;
+	struct pinned other;
+	pthread_t sc;
+	int mfd, rc;
+	char *p;
+
+	CHECK(sy_start(SY_SIGNO, 2000, false) == 0, "SYNC_START");
+	rc = pinned_new(&other, LEN);
+	if (rc)
+		return rc;
+	mfd = memfd_of(LEN);
+	CHECK(mfd >= 0 && (p = map_shared(mfd, LEN)), "memfd");
+	g_stop = false;
+	g_worst_ms = 0;
+	CHECK(pthread_create(&sc, NULL, syscaller, NULL) == 0, "pthread_create");
+	usleep(50000);
+	CHECK(punch_from_child(mfd, LEN) == 0, "hole punch by another process");
+	usleep(50000);
+	g_stop = true;
+	pthread_join(sc, NULL);
+	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+	printf("unpinned: queued %llu late %llu, worst getppid() %.1f ms\n",
+	       (unsigned long long)st.queued, (unsigned long long)st.late,
+	       g_worst_ms);
+	CHECK(st.queued == 0 && st.late == 0,
+	      "pages never pinned: queued %llu late %llu",
+	      (unsigned long long)st.queued, (unsigned long long)st.late);
+	CHECK(g_worst_ms < 500, "a thread was held %.0f ms", g_worst_ms);
+
+	/* the control: the memfd's pages pinned, the reader reports */
+	close(g_sy.fd);
+	CHECK(sy_start(SY_SIGNO, 2000, true) == 0, "SYNC_START again");
+	memset(p, 1, LEN);
+	{
+		struct iovec iov = { .iov_base = p, .iov_len = LEN };
+		struct io_uring ring;
+
+		CHECK(io_uring_queue_init(2, &ring, 0) == 0, "ring");
+		if (io_uring_register_buffers(&ring, &iov, 1))
+			return skip("io_uring cannot pin shared memory here");
+		g_sy.want_start = (uintptr_t)p;
+		g_sy.want_end = (uintptr_t)p + LEN;
+		CHECK(punch_from_child(mfd, LEN) == 0, "hole punch");
+		for (int i = 0; i < 100 && !g_sy.reported; i++)
+			usleep(10000);
+		CHECK(g_sy.reported, "a pinned page punched by another process was not reported");
+		CHECK(sy_stats(&st) == 0 && st.late >= 1, "late %llu",
+		      (unsigned long long)st.late);
+		io_uring_queue_exit(&ring);
+	}
+	sy_stop_dispatcher();
+	return 0;
+}
+
+/* ---- 7: exec with the descriptor inherited --------------------------------- */
+
+/*
+ * A process whose descriptor is inherited across exec (no O_CLOEXEC) execs
+ * while another thread's change of pinned memory is unreported: the new
+ * image starts at once, not after the gate timeout (10 s).
+ */
+static int t_sync_exec_inherited(void)
+{
+	double t0 = now_ns();
+	int status;
+	pid_t pid;
+
+	pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (pid == 0) {
+		pthread_t u;
+		char *p;
+		int rc;
+
+		if (sy_start(SY_SIGNO, 10000, false))
+			_exit(2);
+		fcntl(g_sy.fd, F_SETFD, 0);	/* inherited by the new image */
+		p = sy_buffer(true, &rc);
+		if (rc)
+			_exit(rc);
+		g_sy.delay_ms = 3000;		/* the change stays unreported */
+		pthread_create(&u, NULL, sy_unmapper, p);
+		/*
+		 * No system call until execve (a return to user space now
+		 * would rightly be held): spin until the handler runs.
+		 */
+		while (!g_sy.handler_runs)
+			;
+		/* a while more, with no clock: its vDSO may make a call */
+		for (volatile long i = 0; i < 20000000; i++)
+			;
+		execl("/proc/self/exe", "kreg_nf_test", "--exec-probe", NULL);
+		_exit(3);
+	}
+	CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 77)
+		return skip("no pinned memory in the child");
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %#x", status);
+	printf("fork to the new image's exit: %.0f ms\n", ms_since(t0));
+	CHECK(ms_since(t0) < 2500, "the new image ran %.0f ms after fork (held by a gate of the old one?)",
+	      ms_since(t0));
+	return 0;
+}
+
+const struct nf_test nf_tests_sync_threads[] = {
+	{ "sync-signal-dispositions", t_sync_signal_dispositions, NULL, NULL },
+	{ "sync-concurrent-frees", t_sync_concurrent_frees, NULL, NULL },
+	{ "sync-concurrent-frees-reader", t_sync_concurrent_frees_reader, NULL, NULL },
+	{ "sync-sleepers-not-walked", t_sync_sleepers_not_walked, NULL, NULL },
+	{ "sync-spinner-not-kicked", t_sync_spinner_not_kicked, NULL, NULL },
+	{ "sync-close-sleeper", t_sync_close_sleeper, NULL, NULL },
+	{ "sync-reader-exit", t_sync_reader_exit, NULL, NULL },
+	{ "sync-reader-own-change", t_sync_reader_own_change, NULL, NULL },
+	{ "sync-other-process-unpinned", t_sync_other_process_unpinned, NULL, NULL },
+	{ "sync-exec-inherited", t_sync_exec_inherited, NULL, NULL },
+};
+const size_t nf_n_sync_threads = sizeof(nf_tests_sync_threads) / sizeof(nf_tests_sync_threads[0]);
