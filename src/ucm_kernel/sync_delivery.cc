@@ -26,6 +26,8 @@ std::atomic<uint64_t> g_drained{0};
 /* what the module counted at the last stop (its counts restart at start) */
 kreg_nf_sync_stats g_totals{};
 std::atomic<unsigned> g_warned{0};
+/* the signal synchronous delivery was started with, 0 for none */
+int g_signo = 0;
 
 /* Drains every queued range into UCM, acknowledging each batch once it is
  * reported; returns the ranges dispatched. Async-signal-safe but for
@@ -142,6 +144,7 @@ bool sync_start(int fd, const kreg_options_t &opts, std::string *why)
                std::string("KREG_NF_IOC_SYNC_START: ") + strerror(errno);
         return false;
     }
+    g_signo = signo;
     g_fd.store(fd);
     return true;
 }
@@ -176,8 +179,8 @@ void sync_drain()
     }
     g_drained.fetch_add(drain_all(fd), std::memory_order_relaxed);
     /* What no handler carried: said once, counted in kreg_get_stats. Once
-     * all three are said, the reader asks the module for no counts. */
-    if (g_warned.load(std::memory_order_relaxed) == 7) {
+     * all four are said, the reader asks the module for no counts. */
+    if (g_warned.load(std::memory_order_relaxed) == 15) {
         return;
     }
     const kreg_nf_sync_stats st = module_stats(fd);
@@ -190,12 +193,16 @@ void sync_drain()
         {st.late, 1, false, "changed by an io_uring worker, another process or "
          "a kernel thread: reported by the reader after the change; the "
          "process's threads were held until then"},
-        {st.self_gated, 2, false, "changed by a thread that blocks "
-         "UCX_KREG_SYNC_SIGNAL (or its handler was replaced since): that "
-         "thread was held until the reader reported it"},
+        /* with no signal (the default) that is the normal path */
+        {g_signo ? st.self_gated : 0, 2, false, "changed by a thread that "
+         "blocks UCX_KREG_SYNC_SIGNAL (or its handler was replaced since): "
+         "that thread was held until the reader reported it"},
         {st.gate_timeouts, 4, true, "a thread was held for UCX_KREG_SYNC_TIMEOUT "
          "and let go before the change was reported: a registration cache "
          "could have hit stale pages meanwhile"},
+        {st.inflight_full, 8, true, "was reported while more than 64 changes "
+         "were in flight at once, before its pages were gone: a registration "
+         "made meanwhile could have pinned the old pages"},
     };
     for (const once &o : said) {
         if ((o.count != 0) && !(g_warned.fetch_or(o.bit) & o.bit) &&
@@ -232,6 +239,11 @@ void sync_add_stats(kreg_stats_t *stats)
     stats->sync.late          += st.late;
     stats->sync.unpinned      += st.unpinned;
     stats->sync.drained       += g_drained.load(std::memory_order_relaxed);
+    stats->sync.passes        += st.gate_passes;
+    stats->sync.threads       += st.threads;
+    stats->sync.own_changes   += st.own_changes;
+    stats->sync.drain_waits   += st.drain_waits;
+    stats->sync.inflight_full += st.inflight_full;
 }
 
 } // namespace kreg

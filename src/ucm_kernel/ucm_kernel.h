@@ -187,6 +187,15 @@ typedef struct {
                                           thread): reported by the reader   */
         uint64_t unpinned;             /* changes of memory never pinned     */
         uint64_t drained;              /* ranges reported to UCM             */
+        uint64_t passes;               /* holds that let their thread go at
+                                          once: its own handler reports, or
+                                          it came from an interrupt         */
+        uint64_t threads;              /* threads given a hold (once each)   */
+        uint64_t own_changes;          /* changes by the library's reader   */
+        uint64_t drain_waits;          /* reports that waited for a change
+                                          to end (its pages being zapped)   */
+        uint64_t inflight_full;        /* changes reported before their end
+                                          (over 64 in flight): a window     */
     } sync;
 } kreg_stats_t;
 

@@ -442,8 +442,9 @@ TEST(Sync, RunsWithTheNotifierUnlessTurnedOff)
         }
         kreg_query(&caps);
         kreg_stop();
-        if (!caps.sync_delivery || (caps.sync_signal != 38)) {
-            return child_failure(51, "sync_delivery %d, signal %d: want 1, 38",
+        /* by default the reader reports: no signal */
+        if (!caps.sync_delivery || (caps.sync_signal != 0)) {
+            return child_failure(51, "sync_delivery %d, signal %d: want 1, 0",
                                  caps.sync_delivery, caps.sync_signal);
         }
         const start_outcome o = start_with({{"SYNC", "n"}});
@@ -459,9 +460,10 @@ TEST(Sync, RunsWithTheNotifierUnlessTurnedOff)
 
 void other_handler(int) {}
 
-/* A handler of someone else's on the signal is never replaced: with
+/* A handler of someone else's on the signal chosen is never replaced: with
  * UCX_KREG_SYNC=auto the notifier runs without synchronous delivery, with
- * =y it does not start; both say which signal and why. */
+ * =y it does not start; both say which signal and why (UCX_KREG_SYNC_SIGNAL
+ * stays 40 in the environment for the second start). */
 TEST(Sync, SignalWithAnotherHandlerIsRefusedClearly)
 {
     if (!notifier_module_loaded()) {
