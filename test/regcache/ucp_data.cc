@@ -135,6 +135,7 @@ void recv_cb(void *, ucs_status_t status, const ucp_tag_recv_info_t *info,
 
 struct peers {
     ucp_context_h context = nullptr;
+    bool          own_context = true; /* false: a context shared by threads */
     ucp_worker_h  w[2]    = {nullptr, nullptr};
     ucp_ep_h      ep[2]   = {nullptr, nullptr}; /* ep[0]: 0 -> 1 */
 
@@ -250,26 +251,45 @@ struct peers {
                 worker = nullptr;
             }
         }
-        if (context != nullptr) {
+        if ((context != nullptr) && own_context) {
             ucp_cleanup(context);
-            context = nullptr;
         }
+        context = nullptr;
     }
 };
 
-bool open_peers(peers &p)
+/* A UCP context; mt: its workers are used by several threads at once. */
+ucp_context_h open_context(bool mt)
 {
     ucp_config_t *config;
     if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) {
-        return false;
+        return nullptr;
     }
-    ucp_params_t params = {};
-    params.field_mask   = UCP_PARAM_FIELD_FEATURES;
-    params.features     = UCP_FEATURE_TAG | UCP_FEATURE_RMA;
-    ucs_status_t status = ucp_init(&params, config, &p.context);
+    ucp_params_t params      = {};
+    params.field_mask        = UCP_PARAM_FIELD_FEATURES;
+    params.features          = UCP_FEATURE_TAG | UCP_FEATURE_RMA;
+    if (mt) {
+        params.field_mask       |= UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+        params.mt_workers_shared = 1;
+    }
+    ucp_context_h context = nullptr;
+    ucs_status_t status   = ucp_init(&params, config, &context);
     ucp_config_release(config);
     if (status != UCS_OK) {
         std::printf("error: ucp_init: %s\n", ucs_status_string(status));
+        return nullptr;
+    }
+    return context;
+}
+
+/* Two workers connected both ways, in a context of their own or in
+ * shared (which p does not clean up). */
+bool open_peers(peers &p, ucp_context_h shared = nullptr)
+{
+    ucs_status_t status;
+    p.own_context = (shared == nullptr);
+    p.context     = shared ? shared : open_context(false);
+    if (p.context == nullptr) {
         return false;
     }
 
@@ -740,6 +760,89 @@ churn_result churn_rounds(peers &p, int rounds, int warmup, size_t len,
     return r;
 }
 
+/* --threads T: T threads, each with its own pair of workers under one
+ * context (mt_workers_shared), each sending ROUNDS messages: a buffer whose
+ * size (512 KiB, 1 MiB, 2 MiB: rendezvous, so registered and cached) and
+ * kind change every round (libc mmap then a raw munmap, libc mmap and
+ * munmap, malloc and free; --alloc libc: libc mmap and munmap only, which
+ * UCX's hooks see too), filled with a pattern of its own, tag sent to the
+ * thread's receive buffer, every word checked there, freed. The threads
+ * run at once and their mappings take each other's addresses. */
+struct threads_result {
+    int    messages = 0, stale = 0, failed = 0;
+    double seconds  = 0;
+};
+
+threads_result thread_rounds(ucp_context_h ctx, int nthreads, int rounds,
+                             const std::string &alloc)
+{
+    const size_t sizes[] = {512 << 10, 1 << 20, 2 << 20};
+    const size_t max     = 2 << 20;
+    std::vector<peers> pp(static_cast<size_t>(nthreads));
+    threads_result total;
+    for (peers &p : pp) {
+        if (!open_peers(p, ctx)) {
+            total.failed = 1;
+            return total;
+        }
+    }
+    std::vector<threads_result> res(static_cast<size_t>(nthreads));
+    std::vector<std::thread> th;
+    std::atomic<int> ready{0};
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < nthreads; ++i) {
+        th.emplace_back([&, i] {
+            peers &p          = pp[static_cast<size_t>(i)];
+            threads_result &r = res[static_cast<size_t>(i)];
+            void *rbuf        = libc_mmap(max);
+            ready.fetch_add(1);
+            while (ready.load() < nthreads) {
+            }
+            for (int n = 0; n < rounds; ++n) {
+                const size_t len = sizes[(n + i) % 3];
+                const int kind   = (alloc == "libc") ? 1 : (n / 3 + i) % 3;
+                void *buf = (kind == 2) ? std::malloc(len) : libc_mmap(len);
+                const uint32_t seed = (static_cast<uint32_t>(i) << 20) +
+                                      static_cast<uint32_t>(n) + 1;
+                if ((buf == nullptr) || (buf == MAP_FAILED)) {
+                    ++r.failed;
+                    continue;
+                }
+                pattern_fill(buf, len, seed);
+                const bool sent = p.tag(buf, rbuf, len, 0x1000 + n);
+                ++r.messages;
+                if (!sent) {
+                    ++r.failed;
+                } else if (pattern_first_bad(rbuf, len, seed) != len) {
+                    ++r.stale; /* another buffer's old pages were sent */
+                }
+                if (kind == 0) {
+                    raw_munmap(buf, len);
+                } else if (kind == 1) {
+                    munmap(buf, len);
+                } else {
+                    std::free(buf);
+                }
+            }
+            munmap(rbuf, max);
+        });
+    }
+    for (std::thread &t : th) {
+        t.join();
+    }
+    total.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                  t0).count();
+    for (const threads_result &r : res) {
+        total.messages += r.messages;
+        total.stale    += r.stale;
+        total.failed   += r.failed;
+    }
+    for (peers &p : pp) {
+        p.close();
+    }
+    return total;
+}
+
 /* --component sync: libucm_kernel preloaded, found by name (this program
  * does not link it) */
 bool sync_delivery_running(kreg_caps_t *caps)
@@ -755,13 +858,14 @@ bool sync_delivery_running(kreg_caps_t *caps)
     return caps->running && caps->sync_delivery;
 }
 
-void print_sync_stats()
+/* prints the module's counts; returns held_timeouts (-1: unknown) */
+long print_sync_stats()
 {
     auto get = reinterpret_cast<void (*)(kreg_stats_t*)>(
             dlsym(RTLD_DEFAULT, "kreg_get_stats"));
     kreg_stats_t st{};
     if (get == nullptr) {
-        return;
+        return -1;
     }
     get(&st);
     std::printf("SYNC queued=%lu signalled=%lu self_held=%lu held=%lu "
@@ -773,6 +877,12 @@ void print_sync_stats()
                 (unsigned long)st.sync.held_timeouts,
                 (unsigned long)st.sync.hold_nomem, (unsigned long)st.sync.late,
                 (unsigned long)st.sync.unpinned, (unsigned long)st.sync.drained);
+    std::printf("SYNC passes=%lu threads=%lu own_changes=%lu drain_waits=%lu "
+                "inflight_full=%lu\n", (unsigned long)st.sync.passes,
+                (unsigned long)st.sync.threads, (unsigned long)st.sync.own_changes,
+                (unsigned long)st.sync.drain_waits,
+                (unsigned long)st.sync.inflight_full);
+    return static_cast<long>(st.sync.held_timeouts);
 }
 
 } // namespace
@@ -783,7 +893,7 @@ int main(int argc, char **argv)
     int rounds = 20;
     int race_rounds = 0;
     bool data = true, remaps = true;
-    int churn = -1, warmup = 5;
+    int churn = -1, warmup = 5, nthreads = 0;
     bool bad = false;
     size_t size = 1 << 20;
     std::string alloc = "mmap";
@@ -811,17 +921,23 @@ int main(int argc, char **argv)
             alloc = argv[++i];
         } else if (a == "--fork-init") {
             fork_init = true;
+        } else if ((a == "--threads") && (i + 1 < argc)) {
+            nthreads = std::atoi(argv[++i]);
         } else {
             bad = true;
         }
     }
     if (bad || (churn < -1) || (warmup < 0) || (size < 8) || (size % 8 != 0) ||
-        ((alloc != "mmap") && (alloc != "malloc") && (alloc != "thp"))) {
+        (nthreads < 0) ||
+        ((alloc != "mmap") && (alloc != "malloc") && (alloc != "thp") &&
+         (alloc != "libc") && (alloc != "mix"))) {
         std::fprintf(stderr, "usage: ucp_data [--component LIB|plugin|sync] "
                      "[--rounds N] [--race-rounds N] [--no-data] [--no-remap]\n"
                      "       ucp_data [--component LIB] --churn N [--size S "
                      "(a multiple of 8)] [--alloc malloc|mmap|thp] [--warmup W]\n"
-                     "                [--fork-init]\n");
+                     "                [--fork-init]\n"
+                     "       ucp_data [--component sync|kreg-start] --threads T "
+                     "[--rounds N] [--alloc mix|libc]\n");
         return 2;
     }
     if (churn >= 0) {
@@ -886,6 +1002,35 @@ int main(int argc, char **argv)
     std::printf("info: UCX %s, UCX_TLS=%s, %s\n", ucp_get_version_string(),
                 tls ? tls : "(default)",
                 component ? "ib_regcache loaded" : "stock UCX");
+
+    if (nthreads > 0) {
+        ucp_context_h ctx = open_context(true);
+        if (ctx == nullptr) {
+            std::printf("skip: no UCP context here\n");
+            return 77;
+        }
+        const std::string how = (alloc == "libc") ? "libc" : "mix";
+        threads_result r = thread_rounds(ctx, nthreads, rounds, how);
+        ucp_cleanup(ctx);
+        std::printf("%s: ucp threads T=%d alloc=%s: %d of %d messages stale "
+                    "(%d failed), %.1f messages/s\n", label, nthreads,
+                    how.c_str(), r.stale, r.messages, r.failed,
+                    r.seconds > 0 ? r.messages / r.seconds : 0.0);
+        std::printf("THREADS t=%d alloc=%s messages=%d stale=%d failed=%d "
+                    "rate=%.2f\n", nthreads, how.c_str(), r.messages, r.stale,
+                    r.failed, r.seconds > 0 ? r.messages / r.seconds : 0.0);
+        check((r.failed == 0) && (r.messages == nthreads * rounds),
+              "every message of every thread sent");
+        if (sync) {
+            const long timeouts = print_sync_stats();
+            check(r.stale == 0, "no stale message with synchronous delivery (" +
+                  std::to_string(nthreads) + " threads)");
+            check(timeouts == 0, "no hold timed out (held_timeouts " +
+                  std::to_string(timeouts) + ")");
+        }
+        std::printf("%s\n", g_failures ? "FAILED" : "PASSED");
+        return g_failures ? 1 : 0;
+    }
 
     peers p;
     if (!open_peers(p)) {
