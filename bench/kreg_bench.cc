@@ -4,6 +4,7 @@
  *   build/bench/kreg_bench --reps 5 --ms 100
  *   build/bench/kreg_bench --quick         # seconds; for a smoke test
  *   build/bench/kreg_bench --busy [...]    # P2-P4 idle and with every CPU busy
+ *   build/bench/kreg_bench --threads [...] # P3 with 0-1024 other threads
  *
  * Every configuration runs in its own child process (hooks and UCX's
  * external-event declaration are process-global): "no_ucx" never calls into
@@ -233,7 +234,8 @@ bool per_config(const std::vector<run_timings> &runs, const std::string &cfg,
 
 /* Every configuration once, in an order that rotates with rep. */
 run_timings run_configs(const std::vector<std::string> &cfgs, int rep, bool p2p4_only,
-                        std::string *backend_line, int *rc)
+                        std::string *backend_line, int *rc,
+                        const std::vector<std::string> &extra = {})
 {
     run_timings run;
     for (size_t i = 0; i < cfgs.size(); ++i) {
@@ -244,6 +246,7 @@ run_timings run_configs(const std::vector<std::string> &cfgs, int rep, bool p2p4
         if (p2p4_only) {
             args.push_back("--p2p4");
         }
+        args.insert(args.end(), extra.begin(), extra.end());
         child_result res = run_self(args, env_for(cfg));
         read_child_results(res.output, cfg, backend_line,
                            [&](const char *key, double v) { run[cfg][key] = v; });
@@ -438,13 +441,92 @@ int parent_busy(int reps)
     return rc;
 }
 
+/* --threads: P3 with other threads in the process (asleep, spinning in
+ * user space, making system calls), T of them, hooks against synchronous
+ * delivery ("sync" where the module is loaded, else "sync_user", the
+ * signal alone), every T and kind in every run. Printed: the two side by
+ * side at each T, each against itself with no other thread (P3(T)/P3(0),
+ * ratios within a run), and the other threads' own rate during P3,
+ * sync against hooks. */
+int parent_threads(int reps)
+{
+    const std::string sync = notifier_is_default() ? "sync" : "sync_user";
+    const std::vector<std::string> cfgs = {"hooks", sync};
+    const std::vector<std::string> kinds = {"asleep", "spinning", "syscalls"};
+    const std::vector<int> counts = {0, 4, 16, 64, 1024};
+    std::map<std::string, std::map<int, std::vector<run_timings>>> runs;
+    std::string backend_line;
+    int rc = 0;
+    const uint64_t t0 = now_ns();
+    printf("# kreg_bench --threads: P3 (munmap of a cached, pinned 1 MiB) with T "
+           "other threads; %d runs, %.0f ms per measurement, median of %d per child; "
+           "loadavg %s\n", reps, g_target_ms, g_inner, loadavg().c_str());
+    fflush(stdout);
+    for (int rep = 0; rep < reps; ++rep) {
+        for (const std::string &kind : kinds) {
+            for (int n : counts) {
+                runs[kind][n].push_back(run_configs(
+                        cfgs, rep, true, &backend_line, &rc,
+                        {"--bg", kind + ":" + std::to_string(n)}));
+            }
+        }
+    }
+    if (!backend_line.empty()) {
+        printf("%s\n", backend_line.c_str());
+    }
+    const std::string key = "P3.munmap_1m";
+    for (const std::string &kind : kinds) {
+        for (int n : counts) {
+            const std::vector<run_timings> &r = runs[kind][n];
+            const summary s = summarize({"P3T", key, sync, "hooks", key, ""}, r);
+            printf("P3T %s T=%d munmap_1m.%s/hooks ", kind.c_str(), n, sync.c_str());
+            if (s.ok) {
+                printf("%.2f", s.ratio);
+            } else {
+                printf("n/a");
+            }
+            /* each configuration against itself without other threads */
+            for (const std::string &cfg : cfgs) {
+                std::vector<double> v;
+                const std::vector<run_timings> &z = runs[kind][0];
+                for (size_t i = 0; i < r.size() && i < z.size(); ++i) {
+                    double x, y;
+                    if (value(r[i], cfg, key, &x) && value(z[i], cfg, key, &y) && y > 0) {
+                        v.push_back(x / y);
+                    }
+                }
+                if (!v.empty()) {
+                    printf("  %s P3(T)/P3(0) %.2f", cfg.c_str(), median(v));
+                }
+            }
+            if (n > 0 && kind != "asleep") {
+                const summary b = summarize({"P3T", "P3.bg_rate", sync, "hooks",
+                                             "P3.bg_rate", ""}, r);
+                if (b.ok) {
+                    printf("  their rate %s/hooks %.3f", sync.c_str(), b.ratio);
+                }
+            }
+            printf("\n");
+            if (s.ok) {
+                printf("# raw %s T=%d: %.1f vs %.1f us (medians); ratio over %zu runs "
+                       "%.2f..%.2f\n", kind.c_str(), n, s.a / 1e3, s.b / 1e3, s.n,
+                       s.lo, s.hi);
+            } else {
+                rc = 1;
+            }
+        }
+    }
+    printf("# %.1f s, loadavg %s\n", (now_ns() - t0) / 1e9, loadavg().c_str());
+    return rc;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
 {
     std::string cfg;
     int reps  = 7;
-    bool busy = false;
+    bool busy = false, threads = false;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--child" && i + 1 < argc) {
@@ -459,18 +541,29 @@ int main(int argc, char **argv)
             g_p2p4_only = true;
         } else if (a == "--busy") {
             busy = true;
+        } else if (a == "--threads") {
+            threads = true;
+        } else if (a == "--bg" && i + 1 < argc) {
+            const std::string v = argv[++i];
+            const size_t colon  = v.find(':');
+            g_bg_kind = v.substr(0, colon);
+            g_bg_n    = (colon == std::string::npos) ? 0 : atoi(v.c_str() + colon + 1);
         } else if (a == "--quick") {
             reps        = 2;
             g_target_ms = 5;
             g_inner     = 1;
         } else {
             fprintf(stderr,
-                    "usage: %s [--busy] [--reps N] [--ms MS] [--inner K] [--quick]\n", argv[0]);
+                    "usage: %s [--busy|--threads] [--reps N] [--ms MS] [--inner K] "
+                    "[--quick]\n", argv[0]);
             return 2;
         }
     }
     if (!cfg.empty()) {
         return child(cfg);
+    }
+    if (threads) {
+        return parent_threads(reps);
     }
     return busy ? parent_busy(reps) : parent(reps);
 }

@@ -5,6 +5,9 @@
 
 #include "bench_cache.h"
 
+#include <memory>
+#include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 
 namespace bench {
@@ -12,6 +15,8 @@ namespace bench {
 double g_target_ms = 60; /* wall time of one measurement */
 int    g_inner     = 3;  /* measurements per child, median printed */
 bool   g_p2p4_only = false;
+std::string g_bg_kind;
+int         g_bg_n = -1;
 
 namespace {
 
@@ -290,6 +295,147 @@ void measure_free_cached(bench_cache *c)
     }
 }
 
+/* ---- --threads: other threads in the process during P3 ------------------ */
+
+/* The other threads: asleep in poll() of a pipe nobody writes until the
+ * end, spinning in user space, or making system calls (getppid) in a loop;
+ * the last two at SCHED_IDLE on every CPU but the measured thread's (CPU
+ * 0, with 2 CPUs or more), so that P3 measures the mechanism, not the
+ * scheduler's share of a CPU. Each counts its iterations in a cache line
+ * of its own. */
+class background {
+public:
+    bool start(const std::string &kind, int n)
+    {
+        if ((pipe(pipe_) != 0) || (n < 0)) {
+            return false;
+        }
+        count_.reset(new line[std::max(1, n)]);
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 64 << 10);
+        for (int i = 0; i < n; ++i) {
+            arg_.push_back({this, i, kind});
+        }
+        for (int i = 0; i < n; ++i) {
+            pthread_t t;
+            if (pthread_create(&t, &attr, main_of, &arg_[static_cast<size_t>(i)]) != 0) {
+                fprintf(stderr, "bench: %d of %d threads created\n", i, n);
+                pthread_attr_destroy(&attr);
+                return false;
+            }
+            threads_.push_back(t);
+        }
+        pthread_attr_destroy(&attr);
+        /* the measured thread on CPU 0, the others on the rest */
+        const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        if (ncpu >= 2) {
+            cpu_set_t set;
+            CPU_ZERO(&set);
+            CPU_SET(0, &set);
+            pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+        }
+        usleep(100000); /* all started, the sleepers asleep */
+        return true;
+    }
+
+    /* iterations of all threads so far */
+    uint64_t iterations() const
+    {
+        uint64_t s = 0;
+        for (size_t i = 0; i < threads_.size(); ++i) {
+            s += count_[i].v.load(std::memory_order_relaxed);
+        }
+        return s;
+    }
+
+    void stop()
+    {
+        stop_.store(true);
+        if (!threads_.empty() && (write(pipe_[1], "x", 1) < 0)) {
+            perror("bench: write");
+        }
+        for (pthread_t t : threads_) {
+            pthread_join(t, nullptr);
+        }
+        threads_.clear();
+    }
+
+private:
+    struct alignas(64) line {
+        std::atomic<uint64_t> v{0};
+    };
+    struct arg {
+        background *self;
+        int         i;
+        std::string kind;
+    };
+
+    static void *main_of(void *a)
+    {
+        arg *x = static_cast<arg *>(a);
+        x->self->run(x->i, x->kind);
+        return nullptr;
+    }
+
+    void run(int i, const std::string &kind)
+    {
+        if (kind == "asleep") {
+            /* all wake on the one byte written at stop (poll reads none) */
+            struct pollfd p = {pipe_[0], POLLIN, 0};
+            while ((poll(&p, 1, -1) != 1) && !stop_.load()) {
+            }
+            return;
+        }
+        struct sched_param sp = {};
+        pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
+        const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        if (ncpu >= 2) {
+            cpu_set_t set;
+            CPU_ZERO(&set);
+            for (long c = 1; c < ncpu; ++c) {
+                CPU_SET(c, &set);
+            }
+            pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+        }
+        std::atomic<uint64_t> &n = count_[static_cast<size_t>(i)].v;
+        if (kind == "syscalls") {
+            while (!stop_.load(std::memory_order_relaxed)) {
+                syscall(SYS_getppid);
+                n.fetch_add(1, std::memory_order_relaxed);
+            }
+        } else {
+            while (!stop_.load(std::memory_order_relaxed)) {
+                n.fetch_add(1, std::memory_order_relaxed);
+            }
+        }
+    }
+
+    int                      pipe_[2] = {-1, -1};
+    std::atomic<bool>        stop_{false};
+    std::unique_ptr<line[]>  count_;
+    std::vector<arg>         arg_;
+    std::vector<pthread_t>   threads_;
+};
+
+/* P3 with the other threads running; their iterations per second during
+ * it (spinning and system-call threads) as "P3.bg_rate". */
+void measure_free_cached_with(bench_cache *c)
+{
+    background bg;
+    if (!bg.start(g_bg_kind, g_bg_n)) {
+        die("background threads");
+    }
+    const uint64_t i0 = bg.iterations(), t0 = now_ns();
+    measure_free_cached(c);
+    const uint64_t i1 = bg.iterations(), t1 = now_ns();
+    bg.stop();
+    if (g_bg_n > 0) {
+        result("P3.bg_rate", static_cast<double>(i1 - i0) * 1e9 /
+                             static_cast<double>(t1 - t0));
+    }
+}
+
 /* ---- P4: the watch in a registration miss ------------------------------ */
 
 void noop_comp(void *) {}
@@ -390,6 +536,14 @@ int child(const std::string &config)
     if (((config == "hooks") || (config == "default") || (config == "sync")) &&
         !g_p2p4_only) {
         measure_unregistered();
+    }
+    if (g_bg_n >= 0) {
+        measure_free_cached_with(&c);
+        cache_destroy(&c);
+        if (kernel) {
+            kreg_stop();
+        }
+        return g_failed ? 4 : 0;
     }
     measure_hits(&c);
     if (full) {
