@@ -164,38 +164,50 @@ struct kreg_nf_event {
  * Synchronous delivery (KREG_NF_IOC_SYNC_*): UCX's own registration caches
  * made exact for every transport, without a per-hit check.
  *
- * SYNC_START puts one more notifier on the whole address space of the
- * caller. From then on, a change of pages that may be pinned for DMA
- * (folio_maybe_dma_pinned(): ibv_reg_mr, io_uring fixed buffers, ...) made
- * by a thread of the process is queued as a range, and
- *  - the changing thread gets signal signo before it returns to user space
- *    (unless it blocks signo or signo's handler is not the one SYNC_START
- *    named: then it is gated as below, and the dispatcher is woken);
- *  - every other thread of the process, at its next return to user space
- *    (from a system call, a fault or an interrupt), waits until the range
- *    has been acknowledged by a DRAIN ("the gate"), at most gate_timeout_ms;
- *    a thread about to run signo's handler is not held (its handler
- *    drains). After 2 ms of waiting a gate wakes the dispatcher.
- * The dispatcher (the thread that called SYNC_DISPATCHER) is never held;
- * poll() reports EPOLLIN when it should DRAIN. Changes made by other
- * processes or kernel threads (truncate, reclaim, KSM, migration) and by
- * io_uring workers are queued for the dispatcher and counted as late;
- * io_uring workers still gate the process's threads.
+ * SYNC_START puts an mmu_notifier on the caller's address space. From then
+ * on a change of pages that may be pinned for DMA (folio_maybe_dma_pinned():
+ * ibv_reg_mr, io_uring fixed buffers, ...), in a process that has pinned
+ * memory, by whoever makes it, is queued as a range, and
+ *  - with a signo, the changing thread (a thread of the process that does
+ *    not block signo and whose signo handler is the one SYNC_START named)
+ *    gets signo; its handler DRAINs before the thread's next instruction.
+ *    Otherwise (signo 0, blocked or replaced, another process, a kernel
+ *    thread, io_uring's workers) the dispatcher is woken (poll: EPOLLIN);
+ *  - every thread of the process waits at its next return to user space
+ *    (from a system call or a page fault; from an interrupt only while a
+ *    change by no thread of the process is unreported) until every change
+ *    queued before has been acknowledged by a DRAIN ("the gate"), at most
+ *    gate_timeout_ms. A thread whose own handler is about to run passes
+ *    (its handler reports everything queued), and so do the dispatcher and
+ *    a thread that has exec'ed. After 2 ms a waiting gate wakes the
+ *    dispatcher. Threads in user space are never interrupted, and a change
+ *    costs nothing per thread that did not enter the kernel since the
+ *    last one.
  * Pages that are not pinned are never queued: memory that was never
  * registered pays one page-table walk in the changing thread.
  *
  * DRAIN hands out every queued range not yet acknowledged whose change has
- * completed (it waits for invalidations in flight), oldest first, and
- * returns seq; once the caller has reported them (ucm_vm_munmap()), it
- * passes seq as ack to its next DRAIN: that releases every gate waiting for
- * those ranges. Several threads may DRAIN at once; each gets every range
- * not yet acknowledged, so each acknowledges only what it reported itself.
- * A full queue widens its newest range.
+ * ended (its pages are gone; it waits for the ones being zapped), oldest
+ * first, and returns seq; once the caller has reported them
+ * (ucm_vm_munmap()), it passes seq as ack to its next DRAIN: that releases
+ * every gate waiting for those ranges. Several threads may DRAIN at once;
+ * each gets every range not yet acknowledged, so each acknowledges only
+ * what it reported itself. A full queue widens its newest range.
+ *
+ * Windows left, each counted in the stats: a gate that gave up after
+ * gate_timeout_ms (gate_timeouts); a thread that could not get a gate for
+ * want of memory (gate_nomem: it is looked for again at the next change);
+ * more than 64 changes in flight at once (inflight_full: handed out before
+ * their end). Not counted: a thread made by clone() while a change is in
+ * flight is found at the next change; with a signo, a disposition changed
+ * by another thread between the gate's look at it and the delivery (the
+ * reason signo 0, the reader, is libucm_kernel's default).
  *
  * SYNC_STOP (also the owner's close() of the descriptor) removes the
- * notifier and opens every gate. Errors: EINVAL for a bad argument or a
- * flag not 0, EBUSY for a second SYNC_START, ENOENT for SYNC_* before
- * SYNC_START, ENOMEM.
+ * notifier and opens every gate; gates still queued on threads free
+ * themselves at once (their threads are woken as for a signal with no
+ * handler). Errors: EINVAL for a bad argument or a flag not 0, EBUSY for a
+ * second SYNC_START, ENOENT for SYNC_* before SYNC_START, ENOMEM.
  */
 
 /* KREG_NF_IOC_SYNC_START (in) */
@@ -235,8 +247,9 @@ struct kreg_nf_sync_drain {
 struct kreg_nf_sync_stats {
 	__u64 queued;        /* ranges queued (pinned pages changed) */
 	__u64 signalled;     /* signals sent to the changing thread */
-	__u64 self_gated;    /* changing thread held: signo blocked or no handler */
-	__u64 gates;         /* other threads held */
+	/* changing thread held: no signo, signo blocked or handler replaced */
+	__u64 self_gated;
+	__u64 gates;         /* gates armed: threads to pass one */
 	__u64 gate_waits;    /* gates that had to sleep */
 	__u64 gate_timeouts; /* gates that gave up after gate_timeout_ms */
 	__u64 gate_nomem;    /* threads that could not be held (no memory) */
