@@ -200,8 +200,8 @@ struct kreg_nf_event {
  * more than 64 changes in flight at once (inflight_full: handed out before
  * their end). Not counted: a thread made by clone() while a change is in
  * flight is found at the next change; with a signo, a disposition changed
- * by another thread between the gate's look at it and the delivery (the
- * reason signo 0, the reader, is libucm_kernel's default).
+ * by another thread between the gate's look at it and the delivery (none
+ * with signo 0).
  *
  * SYNC_STOP (also the owner's close() of the descriptor) removes the
  * notifier and opens every gate; gates still queued on threads free

@@ -101,14 +101,14 @@ static ucs_config_field_t kreg_options_table[] = {
      " n    - off: only caches that check their watch (ib_regcache) are exact.",
      offsetof(kreg_options_t, sync), UCS_CONFIG_TYPE_ENUM(kreg_sync_names)},
 
-    {"SYNC_SIGNAL", "0",
-     "0: the thread that changed pinned memory is held at its return to user\n"
-     "space until the library's reader has reported the change; nothing the\n"
-     "application does with signals can interfere. N: the signal whose handler\n"
-     "reports the change in the thread that made it instead (a handler already\n"
-     "installed for N is refused: synchronous delivery then stays off, with the\n"
-     "reason); the application must then leave N's disposition alone, since a\n"
-     "change of it racing a delivery can lose a report or end the process.",
+    {"SYNC_SIGNAL", "38",
+     "The signal (a number) whose handler reports a change of pinned memory in\n"
+     "the thread that made it, before its next instruction. A handler already\n"
+     "installed for it is refused (synchronous delivery then stays off, with\n"
+     "the reason); a handler replaced later, or the signal blocked, holds the\n"
+     "changing thread until the reader reports. 0: no signal, the reader\n"
+     "always reports (immune to what the application does with signals, but\n"
+     "see the windows in doc/design.md).",
      offsetof(kreg_options_t, sync_signal), UCS_CONFIG_TYPE_INT},
 
     {"SYNC_TIMEOUT", "1s",

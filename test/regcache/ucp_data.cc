@@ -773,6 +773,46 @@ struct threads_result {
     double seconds  = 0;
 };
 
+/* The last frees of every thread, to say where a stale message's
+ * buffer had been before (a ring, written without order: diagnostics). */
+struct freed_buffer {
+    std::atomic<uintptr_t> addr{0};
+    std::atomic<size_t>    len{0};
+    std::atomic<int>       thread{0}, round{0}, kind{0};
+};
+freed_buffer g_freed[1024];
+std::atomic<unsigned> g_freed_next{0};
+
+void note_free(void *buf, size_t len, int thread, int round, int kind)
+{
+    freed_buffer &f = g_freed[g_freed_next.fetch_add(1) % 1024];
+    f.addr   = reinterpret_cast<uintptr_t>(buf);
+    f.len    = len;
+    f.thread = thread;
+    f.round  = round;
+    f.kind   = kind;
+}
+
+/* A stale message, said with what was freed over its buffer lately. */
+void say_stale(int thread, int round, int kind, const void *buf, size_t len,
+               const void *rbuf, uint32_t seed)
+{
+    size_t bad = 0, first = pattern_first_bad(rbuf, len, seed);
+    for (size_t i = first; i < len; ++i) {
+        bad += static_cast<const uint8_t*>(rbuf)[i] != pattern_byte(seed, i);
+    }
+    std::printf("stale: thread %d round %d kind %d buf %p len %zu: first bad byte "
+                "%zu, %zu bad\n", thread, round, kind, buf, len, first, bad);
+    const uintptr_t s = reinterpret_cast<uintptr_t>(buf), e = s + len;
+    for (const freed_buffer &f : g_freed) {
+        if ((f.addr < e) && (s < f.addr + f.len)) {
+            std::printf("  freed before: %#lx len %zu by thread %d round %d kind %d\n",
+                        (unsigned long)f.addr.load(), f.len.load(), f.thread.load(),
+                        f.round.load(), f.kind.load());
+        }
+    }
+}
+
 threads_result thread_rounds(ucp_context_h ctx, int nthreads, int rounds,
                              const std::string &alloc)
 {
@@ -800,7 +840,13 @@ threads_result thread_rounds(ucp_context_h ctx, int nthreads, int rounds,
             }
             for (int n = 0; n < rounds; ++n) {
                 const size_t len = sizes[(n + i) % 3];
-                const int kind   = (alloc == "libc") ? 1 : (n / 3 + i) % 3;
+                const int kinds  = (alloc == "mix") ? 3 : 2;
+                int kind         = (n / 3 + i) % kinds;
+                if (alloc == "libc") {
+                    kind = 1;
+                } else if (alloc == "malloc") {
+                    kind = 1 + kind; /* libc munmap and malloc */
+                }
                 void *buf = (kind == 2) ? std::malloc(len) : libc_mmap(len);
                 const uint32_t seed = (static_cast<uint32_t>(i) << 20) +
                                       static_cast<uint32_t>(n) + 1;
@@ -815,7 +861,9 @@ threads_result thread_rounds(ucp_context_h ctx, int nthreads, int rounds,
                     ++r.failed;
                 } else if (pattern_first_bad(rbuf, len, seed) != len) {
                     ++r.stale; /* another buffer's old pages were sent */
+                    say_stale(i, n, kind, buf, len, rbuf, seed);
                 }
+                note_free(buf, len, i, n, kind);
                 if (kind == 0) {
                     raw_munmap(buf, len);
                 } else if (kind == 1) {
@@ -930,7 +978,7 @@ int main(int argc, char **argv)
     if (bad || (churn < -1) || (warmup < 0) || (size < 8) || (size % 8 != 0) ||
         (nthreads < 0) ||
         ((alloc != "mmap") && (alloc != "malloc") && (alloc != "thp") &&
-         (alloc != "libc") && (alloc != "mix"))) {
+         (alloc != "libc") && (alloc != "mix") && (alloc != "raw"))) {
         std::fprintf(stderr, "usage: ucp_data [--component LIB|plugin|sync] "
                      "[--rounds N] [--race-rounds N] [--no-data] [--no-remap]\n"
                      "       ucp_data [--component LIB] --churn N [--size S "
@@ -1009,7 +1057,8 @@ int main(int argc, char **argv)
             std::printf("skip: no UCP context here\n");
             return 77;
         }
-        const std::string how = (alloc == "libc") ? "libc" : "mix";
+        const std::string how = ((alloc == "libc") || (alloc == "raw") ||
+                                 (alloc == "malloc")) ? alloc : "mix";
         threads_result r = thread_rounds(ctx, nthreads, rounds, how);
         ucp_cleanup(ctx);
         std::printf("%s: ucp threads T=%d alloc=%s: %d of %d messages stale "
