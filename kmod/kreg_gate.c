@@ -306,42 +306,29 @@ static bool kreg_self_drains(struct kreg_sync *s)
 }
 
 /*
- * Waits until every change queued before this thread returns is reported:
- * first briefly (the changing thread's handler usually reports), then asks
- * the reader, then up to the timeout, which is counted. Changes queued
- * while it waits count too: the thread has not returned yet.
+ * Waits until every change queued up to target is reported: first briefly
+ * (the changing thread's handler usually reports), then asks the reader,
+ * then up to the deadline. false once the deadline has passed (counted).
  */
-static void kreg_gate_wait(struct kreg_sync *s, u64 target)
+static bool kreg_gate_wait(struct kreg_sync *s, u64 target,
+			   unsigned long deadline, bool *nudged)
 {
-	unsigned long deadline = jiffies + s->timeout;
-	bool nudged = false;
 	long left, ret;
 
-	kreg_sync_count(s, KREG_ST_GATE_WAITS);
 	for (;;) {
 		left = (long)(deadline - jiffies);
-		if (!nudged)
+		if (!*nudged)
 			left = min_t(long, left,
 				     msecs_to_jiffies(KREG_GATE_NUDGE_MS));
 		ret = left > 0 ? wait_event_killable_timeout(s->wq,
 					kreg_gate_open(s, target), left) : 0;
-		if (ret < 0)
-			return;		/* SIGKILL: the process ends */
-		if (ret > 0) {
-			spin_lock(&s->lock);
-			if (s->dead || s->done >= s->seq) {
-				spin_unlock(&s->lock);
-				return;
-			}
-			target = s->seq;
-			spin_unlock(&s->lock);
-			continue;
-		}
-		if (nudged) {
+		if (ret != 0)
+			return true;	/* reported, or SIGKILL: the end */
+		if (*nudged) {
 			kreg_sync_count(s, KREG_ST_GATE_TIMEOUTS);
-			return;
+			return false;
 		}
-		nudged = true;
+		*nudged = true;
 		kreg_sync_wake_reader(s);
 	}
 }
@@ -368,47 +355,68 @@ static bool kreg_from_interrupt(void)
 
 /*
  * The gate, run by its thread on the way to user space (or in
- * exit_task_work()), where it may sleep.
+ * exit_task_work()), where it may sleep. It lets the thread go only under
+ * sync->lock, having seen that nothing queued is unreported (or that the
+ * thread need not wait for what is): a change queued between a last look
+ * and going IDLE would find the gate neither IDLE (to arm) nor looking.
  */
 static void kreg_gate_run(struct callback_head *cb)
 {
 	struct kreg_gate *g = container_of(cb, struct kreg_gate, cb);
 	struct kreg_sync *s = g->s;
-	bool gone, hold, late;
-	u64 target;
+	unsigned long deadline = jiffies + s->timeout;
+	bool gone, late, nudged = false, waited = false, pass = false;
+	u64 target = 0, passed = 0;
 
-	spin_lock(&s->lock);
-	g->state = KREG_GATE_RUNNING;
-	/* exit; exec (another mm); a stopped or restarted delivery */
-	gone = (current->flags & PF_EXITING) || current->mm != s->mm ||
-	       task_tgid(current) != s->owner || hlist_unhashed(&g->node);
-	target = s->seq;
-	hold = !gone && !g->exempt && !s->dead && s->done < target;
-	late = hold && kreg_sync_late_unreported(s, target);
+	for (;;) {
+		spin_lock(&s->lock);
+		g->state = KREG_GATE_RUNNING;
+		/* exit; exec (another mm); a stopped or restarted delivery */
+		gone = (current->flags & PF_EXITING) ||
+		       current->mm != s->mm || task_tgid(current) != s->owner ||
+		       hlist_unhashed(&g->node);
+		if (gone) {
+			hash_del(&g->node);
+			break;
+		}
+		if (g->exempt) {
+			g->state = KREG_GATE_EXEMPT;
+			break;
+		}
+		target = s->seq;
+		/* nothing new since a pass: the pass still holds */
+		if (s->dead || s->done >= target || (pass && target == passed)) {
+			g->state = KREG_GATE_IDLE;
+			list_add_tail(&g->idle, &s->idle);
+			break;
+		}
+		late = kreg_sync_late_unreported(s, target);
+		spin_unlock(&s->lock);
+
+		pass = (!late && kreg_from_interrupt()) || kreg_self_drains(s);
+		if (pass) {
+			passed = target;
+			continue;
+		}
+		if (!waited)
+			kreg_sync_count(s, KREG_ST_GATE_WAITS);
+		waited = true;
+		if (!kreg_gate_wait(s, target, deadline, &nudged) ||
+		    fatal_signal_pending(current)) {
+			/* let go after the timeout (counted), or dying */
+			spin_lock(&s->lock);
+			if (hlist_unhashed(&g->node)) {
+				gone = true;
+				break;
+			}
+			g->state = KREG_GATE_IDLE;
+			list_add_tail(&g->idle, &s->idle);
+			break;
+		}
+	}
 	spin_unlock(&s->lock);
-
-	if (hold && !late && kreg_from_interrupt()) {
+	if (pass)
 		kreg_sync_count(s, KREG_ST_GATE_PASSES);
-		hold = false;
-	}
-	if (hold && kreg_self_drains(s)) {
-		kreg_sync_count(s, KREG_ST_GATE_PASSES);
-		hold = false;
-	}
-	if (hold)
-		kreg_gate_wait(s, target);
-
-	spin_lock(&s->lock);
-	if (gone || hlist_unhashed(&g->node)) {
-		hash_del(&g->node);
-		gone = true;
-	} else if (g->exempt) {
-		g->state = KREG_GATE_EXEMPT;
-	} else {
-		g->state = KREG_GATE_IDLE;
-		list_add_tail(&g->idle, &s->idle);
-	}
-	spin_unlock(&s->lock);
 	if (gone) {
 		put_task_struct(g->task);
 		kfree(g);
