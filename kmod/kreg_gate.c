@@ -8,8 +8,8 @@
  * nothing per thread. A gate is a task_work in one of four states:
  *   ARMED    queued on its thread (TWA_NONE, plus TIF_NOTIFY_RESUME set
  *            without a kick): the thread runs it at its next return to user
- *            space, from a system call, a fault or an interrupt. Nothing
- *            interrupts a thread that stays in user space.
+ *            space, from a system call, a fault or an interrupt (its tick).
+ *            Nothing interrupts a thread that stays in user space.
  *   RUNNING  its thread waits in it, if a change is unreported.
  *   IDLE     ran since the last change, on sync->idle.
  *   EXEMPT   the reader's: never held.
@@ -334,26 +334,6 @@ static bool kreg_gate_wait(struct kreg_sync *s, u64 target,
 }
 
 /*
- * Whether the thread enters user space again from an interrupt (the tick)
- * or an exception that is no page fault: it did nothing in the kernel that
- * could show it a change of another thread of the process (a new mapping,
- * new pages), so it need not wait for one. Page faults and system calls
- * always wait, and so does everyone for a late change (kreg_sync.c). On x86-64 an interrupt
- * delivered through a system vector (the local timer, IPIs) leaves
- * orig_ax -1, as exceptions without an error code do; device interrupts
- * leave their vector there, which this cannot tell from a system call
- * number: they wait.
- */
-static bool kreg_from_interrupt(void)
-{
-#ifdef CONFIG_X86_64
-	return task_pt_regs(current)->orig_ax == -1;
-#else
-	return false;
-#endif
-}
-
-/*
  * The gate, run by its thread on the way to user space (or in
  * exit_task_work()), where it may sleep. It lets the thread go only under
  * sync->lock, having seen that nothing queued is unreported (or that the
@@ -365,7 +345,7 @@ static void kreg_gate_run(struct callback_head *cb)
 	struct kreg_gate *g = container_of(cb, struct kreg_gate, cb);
 	struct kreg_sync *s = g->s;
 	unsigned long deadline = jiffies + s->timeout;
-	bool gone, late, nudged = false, waited = false, pass = false;
+	bool gone, nudged = false, waited = false, pass = false;
 	u64 target = 0, passed = 0;
 
 	for (;;) {
@@ -390,10 +370,15 @@ static void kreg_gate_run(struct callback_head *cb)
 			list_add_tail(&g->idle, &s->idle);
 			break;
 		}
-		late = kreg_sync_late_unreported(s, target);
 		spin_unlock(&s->lock);
 
-		pass = (!late && kreg_from_interrupt()) || kreg_self_drains(s);
+		/*
+		 * Not at a return from an interrupt either, although such a
+		 * thread saw nothing: the gate would be spent there, and the
+		 * thread's next system call (an mmap that returns the freed
+		 * address) would go unheld.
+		 */
+		pass = kreg_self_drains(s);
 		if (pass) {
 			passed = target;
 			continue;

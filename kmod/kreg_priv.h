@@ -193,7 +193,6 @@ struct kreg_sync_ent {
 	u64 end;
 	u64 seq;
 	u32 pending;	/* invalidations merged in that have not ended yet */
-	bool late;	/* not by a thread of the process (reported by the reader) */
 };
 
 /* An invalidation in flight, from its start callback to its end. */
@@ -252,7 +251,6 @@ void kreg_sync_put(struct kreg_ctx *ctx);
 void kreg_sync_release(struct kref *ref);
 void kreg_sync_count(struct kreg_sync *s, enum kreg_sync_stat i);
 void kreg_sync_wake_reader(struct kreg_sync *s);
-bool kreg_sync_late_unreported(struct kreg_sync *s, u64 target);
 
 /* kreg_gate.c */
 void kreg_gates_arm(struct kreg_sync *s, struct list_head *reap);

@@ -76,7 +76,7 @@ static bool kreg_signal_reaches(struct kreg_sync *s)
  * seq order.
  */
 static void kreg_sync_queue(struct kreg_sync *s,
-			    const struct mmu_notifier_range *range, bool late)
+			    const struct mmu_notifier_range *range)
 {
 	struct kreg_sync_ent *e;
 	u32 idx;
@@ -86,7 +86,6 @@ static void kreg_sync_queue(struct kreg_sync *s,
 		e = &s->q[idx];
 		e->start = min_t(u64, e->start, range->start);
 		e->end = max_t(u64, e->end, range->end);
-		e->late |= late;
 		kreg_sync_count(s, KREG_ST_OVERFLOWS);
 	} else {
 		idx = (s->q_first + s->q_n++) % KREG_NF_SYNC_QUEUE;
@@ -94,7 +93,6 @@ static void kreg_sync_queue(struct kreg_sync *s,
 		e->start = range->start;
 		e->end = range->end;
 		e->pending = 0;
-		e->late = late;
 	}
 	e->seq = ++s->seq;
 	kreg_sync_count(s, KREG_ST_QUEUED);
@@ -150,7 +148,7 @@ static int kreg_sync_range_start(struct mmu_notifier *mn,
 		spin_unlock(&s->lock);
 		return 0;
 	}
-	kreg_sync_queue(s, range, !user);
+	kreg_sync_queue(s, range);
 	own = user && task_pid(current) == s->dispatcher;
 	if (own) {
 		/* the reader's own change: it reports it when back in its loop */
@@ -358,28 +356,6 @@ void kreg_sync_put(struct kreg_ctx *ctx)
 		return;
 	kreg_uncharge_mem(ctx, sizeof(*ctx->sync));
 	kref_put(&ctx->sync->ref, kreg_sync_release);
-}
-
-/*
- * Whether a change queued up to target and not yet acknowledged was made
- * by no thread of the process (lock held): io_uring's workers, another
- * process, a kernel thread. Such a change can reach a thread through task
- * work run on any way back to user space (io_uring posts completions so).
- */
-bool kreg_sync_late_unreported(struct kreg_sync *s, u64 target)
-{
-	u32 i;
-
-	for (i = 0; i < s->q_n; i++) {
-		struct kreg_sync_ent *e =
-			&s->q[(s->q_first + i) % KREG_NF_SYNC_QUEUE];
-
-		if (e->seq > target)
-			break;
-		if (e->late && e->seq > s->done)
-			return true;
-	}
-	return false;
 }
 
 /* Every change queued up to snap has ended (or delivery stopped). */

@@ -174,8 +174,7 @@ struct kreg_nf_event {
  *    Otherwise (signo 0, blocked or replaced, another process, a kernel
  *    thread, io_uring's workers) the dispatcher is woken (poll: EPOLLIN);
  *  - every thread of the process waits at its next return to user space
- *    (from a system call or a page fault; from an interrupt only while a
- *    change by no thread of the process is unreported) until every change
+ *    (from a system call, a fault or an interrupt) until every change
  *    queued before has been acknowledged by a DRAIN ("the gate"), at most
  *    gate_timeout_ms. A thread whose own handler is about to run passes
  *    (its handler reports everything queued), and so do the dispatcher and

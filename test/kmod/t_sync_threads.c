@@ -108,23 +108,22 @@ static void *toggler(void *a)
 }
 
 /*
- * The reader reports (signo 0, the library's default): a thread resetting
- * every real-time signal to SIG_DFL or SIG_IGN, and changing its mask, while
- * another frees registered memory, can neither kill the process nor let a
- * free return before its report.
+ * A thread cycling every real-time signal through the draining handler,
+ * SIG_DFL and SIG_IGN, and changing its mask, while another frees
+ * registered memory: the process is not killed and no free returns before
+ * its report. With signo 0 (the reader reports) no window exists at all.
  */
-static int t_sync_signal_dispositions(void)
+static int sy_dispositions(int signo)
 {
 	enum { ROUNDS = 300 };
 	struct kreg_nf_sync_stats st;
-	/* KREG_NF_TEST_SIGNO=N: the same with signal N (by hand) */
-	const char *env = getenv("KREG_NF_TEST_SIGNO");
-	int rc, signo = env ? atoi(env) : 0;
 	pthread_t tog;
+	int rc;
 
 	CHECK(sy_start(signo, 5000, true) == 0, "SYNC_START signo %d", signo);
 	CHECK(pthread_create(&tog, NULL, toggler, NULL) == 0, "pthread_create");
 	rc = frees_reported(ROUNDS);
+	g_stop = true;
 	pthread_join(tog, NULL);
 	if (rc)
 		return rc;
@@ -134,6 +133,23 @@ static int t_sync_signal_dispositions(void)
 	      (unsigned long long)st.queued);
 	sy_stop_dispatcher();
 	return 0;
+}
+
+static int t_sync_signal_dispositions(void)
+{
+	return sy_dispositions(0);
+}
+
+/*
+ * The same with the signal (libucm_kernel's default): the gate looks at the
+ * disposition just before the kernel delivers, so that only a change in
+ * the few instructions between can slip through (none in 8 x 300 rounds
+ * here; the module of a37c080, which looked when it sent, failed in round
+ * 18).
+ */
+static int t_sync_signal_dispositions_signal(void)
+{
+	return sy_dispositions(SY_SIGNO);
 }
 
 /* ---- 2: threads that free pinned memory at once -------------------------- */
@@ -339,7 +355,10 @@ static void *user_spinner(void *a)
 	return NULL;
 }
 
-/* CHANGES pinned frees; the rescheduling interrupts CPU 1 took meanwhile */
+/*
+ * changes pinned frees, 20 ms apart (five ticks: each is reported long
+ * before the next tick); the rescheduling interrupts CPU 1 took meanwhile
+ */
 static long res_during_changes(int changes, long *res)
 {
 	long r0 = res_irqs(1);
@@ -352,20 +371,20 @@ static long res_during_changes(int changes, long *res)
 		if (rc)
 			return rc;
 		CHECK(pinned_free(&p) == 0, "munmap");
+		usleep(20000);
 	}
 	*res = res_irqs(1) - r0;
 	return r0 < 0 ? 1 : 0;
 }
 
 /*
- * A thread spinning in user space on another CPU is never interrupted by a
- * change (the gate is armed without a kick): that CPU takes no more
- * rescheduling interrupts with synchronous delivery than without it (the
- * pins themselves, io_uring's teardown, wake threads on it in both).
+ * A thread spinning in user space on another CPU is never kicked by a
+ * change (the gate is armed without one): its CPU takes no more
+ * rescheduling interrupts with synchronous delivery than without it.
  */
 static int t_sync_spinner_not_kicked(void)
 {
-	enum { CHANGES = 200 };
+	enum { CHANGES = 50 };
 	long base, with;
 	pthread_t sp;
 	cpu_set_t set;
@@ -393,15 +412,25 @@ static int t_sync_spinner_not_kicked(void)
 	{
 		struct kreg_nf_sync_stats st;
 
-		if (sy_stats(&st) == 0)
-			printf("gates %llu waits %llu passes %llu timeouts %llu\n",
-			       (unsigned long long)st.gates,
-			       (unsigned long long)st.gate_waits,
-			       (unsigned long long)st.gate_passes,
-			       (unsigned long long)st.gate_timeouts);
+		CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+		printf("gates %llu waits %llu passes %llu timeouts %llu\n",
+		       (unsigned long long)st.gates,
+		       (unsigned long long)st.gate_waits,
+		       (unsigned long long)st.gate_passes,
+		       (unsigned long long)st.gate_timeouts);
+		/*
+		 * Not asserted: the spinner does wait at nearly every change,
+		 * when it comes back from the TLB shootdown the munmap sends
+		 * to its CPU (the kernel's IPI, which it takes with UCM's
+		 * hooks too) while the change is unreported.
+		 */
 	}
-	CHECK(with - base < CHANGES / 2,
-	      "the spinner's CPU was interrupted %ld times more for %d changes",
+	/*
+	 * A kick a change (the module of a37c080: TWA_RESUME) is a
+	 * rescheduling interrupt a change on the spinner's CPU.
+	 */
+	CHECK(with - base < CHANGES / 5,
+	      "the spinner's CPU took %ld rescheduling interrupts more for %d changes",
 	      with - base, CHANGES);
 	return 0;
 }
@@ -442,6 +471,7 @@ static int t_sync_thread_churn(void)
 	for (int i = 0; i < 2; i++)
 		CHECK(pthread_create(&mk[i], NULL, thread_maker, NULL) == 0, "maker");
 	rc = frees_reported(CHANGES);
+	g_stop = true;
 	for (int i = 0; i < 2; i++)
 		pthread_join(mk[i], NULL);
 	if (rc)
@@ -735,7 +765,9 @@ static int t_sync_other_process_unpinned(void)
 /*
  * A process whose descriptor is inherited across exec (no O_CLOEXEC) execs
  * while another thread's change of pinned memory is unreported: the new
- * image starts at once, not after the gate timeout (10 s).
+ * image starts at once after execve, not after the gate timeout (10 s).
+ * (The old image's thread may rightly be held at a tick before it gets to
+ * execve; the time is taken from the call.)
  */
 static int t_sync_exec_inherited(void)
 {
@@ -764,24 +796,27 @@ static int t_sync_exec_inherited(void)
 		 */
 		while (!g_sy.handler_runs)
 			;
-		/* a while more, with no clock: its vDSO may make a call */
-		for (volatile long i = 0; i < 20000000; i++)
-			;
-		execl("/proc/self/exe", "kreg_nf_test", "--exec-probe", NULL);
+		/* the new image says how long after this it ran */
+		char t0s[32];
+
+		snprintf(t0s, sizeof(t0s), "%.0f", now_ns());
+		execl("/proc/self/exe", "kreg_nf_test", "--exec-probe", t0s,
+		      NULL);
 		_exit(3);
 	}
 	CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
 	if (WIFEXITED(status) && WEXITSTATUS(status) == 77)
 		return skip("no pinned memory in the child");
-	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %#x", status);
 	printf("fork to the new image's exit: %.0f ms\n", ms_since(t0));
-	CHECK(ms_since(t0) < 2500, "the new image ran %.0f ms after fork (held by a gate of the old one?)",
-	      ms_since(t0));
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "child %#x (exit 3: the new image ran 2 s or more after execve, held by a gate of the old one)",
+	      status);
 	return 0;
 }
 
 const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-signal-dispositions", t_sync_signal_dispositions, NULL, NULL },
+	{ "sync-signal-dispositions-signal", t_sync_signal_dispositions_signal, NULL, NULL },
 	{ "sync-concurrent-frees", t_sync_concurrent_frees, NULL, NULL },
 	{ "sync-concurrent-frees-reader", t_sync_concurrent_frees_reader, NULL, NULL },
 	{ "sync-sleepers-not-walked", t_sync_sleepers_not_walked, NULL, NULL },
