@@ -41,10 +41,14 @@
 #include <linux/task_work.h>
 #include <linux/wait.h>
 
+#include <asm/syscall.h>
+
 #include "kreg_priv.h"
 
 /* a gate's first wait before it also asks the reader */
 #define KREG_GATE_NUDGE_MS	2
+/* how long a thread held at a return from an interrupt may block a report */
+#define KREG_GATE_IRQ_FUSE_MS	10
 
 enum kreg_gate_state {
 	KREG_GATE_IDLE, KREG_GATE_ARMED, KREG_GATE_RUNNING, KREG_GATE_EXEMPT,
@@ -58,6 +62,7 @@ struct kreg_gate {
 	struct kreg_sync *s;
 	enum kreg_gate_state state;
 	bool exempt;			/* the reader's */
+	bool reporting;			/* between its DRAINs: see below */
 };
 
 struct kreg_kick {
@@ -132,29 +137,20 @@ static struct kreg_gate *kreg_gate_new(struct kreg_sync *s,
  * (rescan) the whole list is walked. io_uring workers and kernel threads
  * never return to user space and get none.
  */
-static void kreg_gates_discover(struct kreg_sync *s, struct list_head *reap)
+struct kreg_discover {
+	struct kreg_sync *s;
+	struct list_head *reap;
+};
+
+static void kreg_gates_discover_locked(struct task_struct *p,
+				       struct sighand_struct *sh, void *arg)
 {
-	struct sighand_struct *sh;
-	struct task_struct *p, *t;
-	unsigned long flags;
+	struct kreg_discover *d = arg;
+	struct kreg_sync *s = d->s;
 	bool all = s->rescan;
+	struct task_struct *t;
 	struct kreg_gate *g;
 
-	rcu_read_lock();
-	p = pid_task(s->owner, PIDTYPE_TGID);
-	/*
-	 * p's siglock: its sighand changes only at exec and sighand structs
-	 * are SLAB_TYPESAFE_BY_RCU, so lock, then check the pointer again.
-	 */
-	for (;;) {
-		sh = p ? rcu_dereference(p->sighand) : NULL;
-		if (!sh)
-			goto out;	/* reaped */
-		spin_lock_irqsave(&sh->siglock, flags);
-		if (sh == rcu_access_pointer(p->sighand))
-			break;
-		spin_unlock_irqrestore(&sh->siglock, flags);
-	}
 	s->rescan = false;
 	list_for_each_entry_reverse(t, &p->signal->thread_head, thread_node) {
 		if (kreg_gate_find(s, t)) {
@@ -174,12 +170,16 @@ static void kreg_gates_discover(struct kreg_sync *s, struct list_head *reap)
 			g->exempt = true;
 			g->state = KREG_GATE_EXEMPT;
 		} else {
-			kreg_gate_arm(s, g, reap);
+			kreg_gate_arm(s, g, d->reap);
 		}
 	}
-	spin_unlock_irqrestore(&sh->siglock, flags);
-out:
-	rcu_read_unlock();
+}
+
+static void kreg_gates_discover(struct kreg_sync *s, struct list_head *reap)
+{
+	struct kreg_discover d = { .s = s, .reap = reap };
+
+	kreg_owner_siglocked(s->owner, kreg_gates_discover_locked, &d);
 }
 
 /*
@@ -272,6 +272,24 @@ void kreg_gate_exempt(struct kreg_sync *s, struct task_struct *t)
 	}
 }
 
+/*
+ * t's last DRAIN handed it ranges (on) or none (off), lock held. A thread
+ * that is reporting is not held until its next DRAIN: what it runs
+ * meanwhile (UCX's invalidation callbacks, through ucm_vm_munmap()) makes
+ * system calls of its own (malloc's mmap, a write to UCX's async pipe)
+ * while it holds locks that other reporters need; held there, it waited
+ * for the very change it was reporting, and the others waited for its
+ * locks, until the gate timed out (UCP, 4 and 8 threads: 3 to 5 gates
+ * timed out at once, all with the queue ended and unacknowledged).
+ */
+void kreg_gate_reporting(struct kreg_sync *s, struct task_struct *t, bool on)
+{
+	struct kreg_gate *g = kreg_gate_find(s, t);
+
+	if (g)
+		g->reporting = on;
+}
+
 static bool kreg_gate_open(struct kreg_sync *s, u64 target)
 {
 	return READ_ONCE(s->done) >= target || READ_ONCE(s->dead);
@@ -305,13 +323,44 @@ static bool kreg_self_drains(struct kreg_sync *s)
 	return yes;
 }
 
+/* a report is under way: some thread has DRAINed ranges it has not acked */
+static bool kreg_gate_report_under_way(struct kreg_sync *s)
+{
+	struct kreg_gate *g;
+	bool yes = false;
+	int bkt;
+
+	spin_lock(&s->lock);
+	hash_for_each(s->gates, bkt, g, node)
+		if (g->reporting) {
+			yes = true;
+			break;
+		}
+	spin_unlock(&s->lock);
+	return yes;
+}
+
+enum kreg_gate_end { KREG_GATE_REPORTED, KREG_GATE_TIMED_OUT, KREG_GATE_LET_GO };
+
 /*
  * Waits until every change queued up to target is reported: first briefly
  * (the changing thread's handler usually reports), then asks the reader,
- * then up to the deadline. false once the deadline has passed (counted).
+ * then up to the deadline (counted if it passes).
+ *
+ * A thread stopped at a return from an interrupt (irq) was running in user
+ * space: it has obtained nothing since the change, but it may have been
+ * stopped inside a user-space lock that the report needs (UCX's rcache
+ * spinlock, taken around a few instructions: in CI, UCP with 4 and 8
+ * threads, a thread stopped by its tick inside ucs_rcache_check_gc_list()
+ * held the lock that both reporters spun on, until the gate timed out).
+ * Such a thread goes on once a report has been under way for
+ * KREG_GATE_IRQ_FUSE_MS without an end (counted: irq_releases). Its gate
+ * is spent for this change: a task_work cannot stay queued past the exit
+ * that runs it, so its next system call is held only by the next change.
  */
-static bool kreg_gate_wait(struct kreg_sync *s, u64 target,
-			   unsigned long deadline, bool *nudged)
+static enum kreg_gate_end kreg_gate_wait(struct kreg_sync *s, u64 target,
+					 unsigned long deadline, bool irq,
+					 bool *nudged)
 {
 	long left, ret;
 
@@ -320,16 +369,26 @@ static bool kreg_gate_wait(struct kreg_sync *s, u64 target,
 		if (!*nudged)
 			left = min_t(long, left,
 				     msecs_to_jiffies(KREG_GATE_NUDGE_MS));
+		else if (irq)
+			left = min_t(long, left,
+				     msecs_to_jiffies(KREG_GATE_IRQ_FUSE_MS));
 		ret = left > 0 ? wait_event_killable_timeout(s->wq,
 					kreg_gate_open(s, target), left) : 0;
 		if (ret != 0)
-			return true;	/* reported, or SIGKILL: the end */
-		if (*nudged) {
-			kreg_sync_count(s, KREG_ST_GATE_TIMEOUTS);
-			return false;
+			return KREG_GATE_REPORTED;	/* or SIGKILL: the end */
+		if (!*nudged) {
+			*nudged = true;
+			kreg_sync_wake_reader(s);
+			continue;
 		}
-		*nudged = true;
-		kreg_sync_wake_reader(s);
+		if ((long)(deadline - jiffies) <= 0) {
+			kreg_sync_count(s, KREG_ST_GATE_TIMEOUTS);
+			return KREG_GATE_TIMED_OUT;
+		}
+		if (irq && kreg_gate_report_under_way(s)) {
+			kreg_sync_count(s, KREG_ST_IRQ_RELEASES);
+			return KREG_GATE_LET_GO;
+		}
 	}
 }
 
@@ -345,6 +404,8 @@ static void kreg_gate_run(struct callback_head *cb)
 	struct kreg_gate *g = container_of(cb, struct kreg_gate, cb);
 	struct kreg_sync *s = g->s;
 	unsigned long deadline = jiffies + s->timeout;
+	/* not from a system call: an interrupt or an exception */
+	bool irq = syscall_get_nr(current, task_pt_regs(current)) < 0;
 	bool gone, nudged = false, waited = false, pass = false;
 	u64 target = 0, passed = 0;
 
@@ -361,6 +422,13 @@ static void kreg_gate_run(struct callback_head *cb)
 		}
 		if (g->exempt) {
 			g->state = KREG_GATE_EXEMPT;
+			break;
+		}
+		/* a reporter: armed again by the next change, held after */
+		if (g->reporting) {
+			g->state = KREG_GATE_IDLE;
+			list_add_tail(&g->idle, &s->idle);
+			pass = true;
 			break;
 		}
 		target = s->seq;
@@ -386,9 +454,9 @@ static void kreg_gate_run(struct callback_head *cb)
 		if (!waited)
 			kreg_sync_count(s, KREG_ST_GATE_WAITS);
 		waited = true;
-		if (!kreg_gate_wait(s, target, deadline, &nudged) ||
-		    fatal_signal_pending(current)) {
-			/* let go after the timeout (counted), or dying */
+		if (kreg_gate_wait(s, target, deadline, irq, &nudged) !=
+		    KREG_GATE_REPORTED || fatal_signal_pending(current)) {
+			/* let go (counted), or dying */
 			spin_lock(&s->lock);
 			if (hlist_unhashed(&g->node)) {
 				gone = true;

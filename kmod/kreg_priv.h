@@ -183,7 +183,7 @@ enum kreg_sync_stat {		/* the fields of struct kreg_nf_sync_stats */
 	KREG_ST_GATE_WAITS, KREG_ST_GATE_TIMEOUTS, KREG_ST_GATE_NOMEM,
 	KREG_ST_LATE, KREG_ST_OVERFLOWS, KREG_ST_UNPINNED, KREG_ST_DRAINS,
 	KREG_ST_GATE_PASSES, KREG_ST_THREADS, KREG_ST_DRAIN_WAITS,
-	KREG_ST_OWN_CHANGES, KREG_ST_INFLIGHT_FULL,
+	KREG_ST_OWN_CHANGES, KREG_ST_INFLIGHT_FULL, KREG_ST_IRQ_RELEASES,
 	KREG_ST_NR = sizeof(struct kreg_nf_sync_stats) / sizeof(__u64)
 };
 
@@ -257,6 +257,15 @@ void kreg_gates_arm(struct kreg_sync *s, struct list_head *reap);
 void kreg_gates_stop(struct kreg_sync *s, struct list_head *reap);
 void kreg_gates_reap(struct list_head *reap);
 void kreg_gate_exempt(struct kreg_sync *s, struct task_struct *t);
+void kreg_gate_reporting(struct kreg_sync *s, struct task_struct *t, bool on);
+
+/* kreg_signal.c */
+bool kreg_owner_siglocked(struct pid *owner,
+			  void (*fn)(struct task_struct *p,
+				     struct sighand_struct *sh, void *arg),
+			  void *arg);
+int kreg_signal_hold(int signo, unsigned long handler);
+void kreg_signal_release(struct pid *owner, int signo, unsigned long handler);
 
 /* kreg_pinned.c */
 bool kreg_range_pinned(struct mm_struct *mm, unsigned long addr,

@@ -259,6 +259,12 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 		s->dead = true;
 		ctx->sync = s;	/* nothing reads it before the notifier is in */
 	}
+	/* nothing the application does with signo can kill it from now on */
+	if (arg.signo) {
+		ret = kreg_signal_hold(arg.signo, arg.handler);
+		if (ret)
+			goto out;
+	}
 	s->signo = arg.signo;
 	s->handler = (unsigned long)arg.handler;
 	s->timeout = msecs_to_jiffies(arg.gate_timeout_ms);
@@ -292,6 +298,8 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 		WRITE_ONCE(s->owner, NULL);
 		spin_unlock(&s->lock);
 		kreg_gates_reap(&reap);
+		if (s->signo)
+			kreg_signal_release(owner, s->signo, s->handler);
 		put_pid(owner);
 	}
 out:
@@ -322,6 +330,8 @@ void kreg_sync_stop_locked(struct kreg_sync *s)
 	kreg_gates_reap(&reap);
 	/* waits for callbacks in progress */
 	mmu_notifier_unregister(&s->mn, s->mm);
+	if (s->signo)
+		kreg_signal_release(owner, s->signo, s->handler);
 	put_pid(owner);
 	put_pid(dispatcher);
 }
@@ -388,6 +398,7 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 	struct kreg_sync *s;
 	bool acked = false;
 	u32 n = 0, i, max;
+	long ret;
 	u64 snap;
 
 	if (copy_from_user(&arg, uarg, sizeof(arg)))
@@ -403,6 +414,7 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 		return -ENOENT;
 	}
 	if (arg.ack > s->seq) {
+		kreg_gate_reporting(s, current, false);
 		spin_unlock(&s->lock);
 		return -EINVAL;
 	}
@@ -449,9 +461,16 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 	if (n)
 		kreg_sync_count(s, KREG_ST_DRAINS);
 	/* nothing is dequeued before its ack: a bad buffer loses nothing */
-	if (n && copy_to_user(u64_to_user_ptr(arg.buf), out, n * sizeof(out[0])))
-		return -EFAULT;
-	return copy_to_user(uarg, &arg, sizeof(arg)) ? -EFAULT : 0;
+	ret = 0;
+	if ((n && copy_to_user(u64_to_user_ptr(arg.buf), out,
+			       n * sizeof(out[0]))) ||
+	    copy_to_user(uarg, &arg, sizeof(arg)))
+		ret = -EFAULT;
+	/* the caller reports what it got, until a DRAIN that gets nothing */
+	spin_lock(&s->lock);
+	kreg_gate_reporting(s, current, n && !ret);
+	spin_unlock(&s->lock);
+	return ret;
 }
 
 long kreg_sync_dispatcher(struct kreg_ctx *ctx)

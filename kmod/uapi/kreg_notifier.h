@@ -169,16 +169,18 @@ struct kreg_nf_event {
  * ibv_reg_mr, io_uring fixed buffers, ...), in a process that has pinned
  * memory, by whoever makes it, is queued as a range, and
  *  - with a signo, the changing thread (a thread of the process that does
- *    not block signo and whose signo handler is the one SYNC_START named)
- *    gets signo; its handler DRAINs before the thread's next instruction.
- *    Otherwise (signo 0, blocked or replaced, another process, a kernel
- *    thread, io_uring's workers) the dispatcher is woken (poll: EPOLLIN);
+ *    not block signo) gets signo; its handler DRAINs before the thread's
+ *    next instruction. Otherwise (signo 0, blocked, another process, a
+ *    kernel thread, io_uring's workers) the dispatcher is woken (poll:
+ *    EPOLLIN);
  *  - every thread of the process waits at its next return to user space
  *    (from a system call, a fault or an interrupt) until every change
  *    queued before has been acknowledged by a DRAIN ("the gate"), at most
  *    gate_timeout_ms. A thread whose own handler is about to run passes
- *    (its handler reports everything queued), and so do the dispatcher and
- *    a thread that has exec'ed. After 2 ms a waiting gate wakes the
+ *    (its handler reports everything queued), and so do the dispatcher, a
+ *    thread that is reporting (its last DRAIN handed it ranges: what it
+ *    runs to report them may make system calls inside locks that other
+ *    reporters need) and a thread that has exec'ed. After 2 ms a waiting gate wakes the
  *    dispatcher. Threads in user space are never interrupted, and a change
  *    costs nothing per thread that did not enter the kernel since the
  *    last one.
@@ -198,15 +200,24 @@ struct kreg_nf_event {
  * want of memory (gate_nomem: it is looked for again at the next change);
  * more than 64 changes in flight at once (inflight_full: handed out before
  * their end). Not counted: a thread made by clone() while a change is in
- * flight is found at the next change; with a signo, a disposition changed
- * by another thread between the gate's look at it and the delivery (none
- * with signo 0).
+ * flight is found at the next change.
+ *
+ * signo is held while delivery runs: SYNC_START needs signo's handler in
+ * the process to be handler already (not SA_RESETHAND), and from then on
+ * sigaction() on signo fails with EINVAL (the kernel's SA_IMMUTABLE, as for
+ * glibc's reserved signals), so no disposition can meet the module's
+ * signal and kill the process. SYNC_STOP gives it back; exec resets it; a
+ * fork child inherits it until its own delivery starts and stops, or it
+ * execs. Threads may still block signo (they are then held until the
+ * dispatcher reports).
  *
  * SYNC_STOP (also the owner's close() of the descriptor) removes the
  * notifier and opens every gate; gates still queued on threads free
  * themselves at once (their threads are woken as for a signal with no
- * handler). Errors: EINVAL for a bad argument or a flag not 0, EBUSY for a
- * second SYNC_START, ENOENT for SYNC_* before SYNC_START, ENOMEM.
+ * handler). Errors: EINVAL for a bad argument or a flag not 0, or a signo
+ * whose handler is not handler; EOPNOTSUPP for a signo on a kernel before
+ * 5.16 (no SA_IMMUTABLE: use signo 0); EBUSY for a second SYNC_START;
+ * ENOENT for SYNC_* before SYNC_START; ENOMEM.
  */
 
 /* KREG_NF_IOC_SYNC_START (in) */
@@ -220,9 +231,8 @@ struct kreg_nf_sync_start {
 	__u32 flags;           /* 0 */
 	__u32 reserved;        /* 0 */
 	/*
-	 * the handler's address (not 0 with a signo): while signo's handler
-	 * in the process is another (replaced since), the changing thread is
-	 * held as if it blocked signo
+	 * the handler's address (not 0 with a signo): signo's handler in the
+	 * process, installed before SYNC_START, held until SYNC_STOP
 	 */
 	__u64 handler;
 };
@@ -246,7 +256,7 @@ struct kreg_nf_sync_drain {
 struct kreg_nf_sync_stats {
 	__u64 queued;        /* ranges queued (pinned pages changed) */
 	__u64 signalled;     /* signals sent to the changing thread */
-	/* changing thread held: no signo, signo blocked or handler replaced */
+	/* changing thread held: no signo, or signo blocked */
 	__u64 self_gated;
 	__u64 gates;         /* gates armed: threads to pass one */
 	__u64 gate_waits;    /* gates that had to sleep */
@@ -272,6 +282,12 @@ struct kreg_nf_sync_stats {
 	 * flight at once)
 	 */
 	__u64 inflight_full;
+	/*
+	 * threads held at a return from an interrupt or exception that went
+	 * on while a report was under way for 10 ms without an end (they may
+	 * hold a lock the report needs; their next system call is not held)
+	 */
+	__u64 irq_releases;
 };
 
 #define KREG_NF_SYNC_QUEUE 64

@@ -192,11 +192,11 @@ public:
 
         if (opts.sync != KREG_SYNC_NO) {
             std::string why;
-            if (sync_start(fd_, opts, &why)) {
-                sync_signal_ = opts.sync_signal;
-            } else if (opts.sync == KREG_SYNC_YES) {
-                return fail(KREG_REASON_OTHER, "UCX_KREG_SYNC=y: " + why);
-            } else {
+            /* sync_signal_: the signal in use, 0 if the reader reports */
+            if (!sync_start(fd_, opts, &sync_signal_, &why)) {
+                if (opts.sync == KREG_SYNC_YES) {
+                    return fail(KREG_REASON_OTHER, "UCX_KREG_SYNC=y: " + why);
+                }
                 ucs_diag("kreg: no synchronous delivery (%s): UCX's own caches "
                          "keep UCM's hooks", why.c_str());
             }

@@ -96,15 +96,32 @@ kreg_nf_sync_stats module_stats(int fd)
 
 } // namespace
 
-bool sync_start(int fd, const kreg_options_t &opts, std::string *why)
+namespace {
+
+/* SYNC_START: 0 or errno */
+int start_ioctl(int fd, int signo, uint32_t ms)
 {
-    const int signo = opts.sync_signal;
+    struct kreg_nf_sync_start st = {};
+    st.signo           = static_cast<uint32_t>(signo);
+    st.gate_timeout_ms = ms;
+    /* the module holds signo (sigaction() on it fails) until SYNC_STOP */
+    st.handler         = (signo != 0) ? reinterpret_cast<uintptr_t>(handler) : 0;
+    return (ioctl(fd, KREG_NF_IOC_SYNC_START, &st) == 0) ? 0 : errno;
+}
+
+} // namespace
+
+bool sync_start(int fd, const kreg_options_t &opts, int *signo_out, std::string *why)
+{
+    int signo = opts.sync_signal;
     struct sigaction old = {};
-    if ((signo < 0) || (signo >= NSIG) || (signo == SIGKILL) || (signo == SIGSTOP) ||
-        ((signo != 0) && (sigaction(signo, nullptr, &old) != 0))) {
+    if ((signo < 0) || (signo >= NSIG) || (signo == SIGKILL) || (signo == SIGSTOP)) {
         *why = "UCX_KREG_SYNC_SIGNAL=" + std::to_string(signo) + " is not a signal";
         return false;
     }
+    /* EINVAL for a valid number: held by the module already (a fork child
+     * inherits the hold with our handler), or reserved by the C library */
+    const bool held = (signo != 0) && (sigaction(signo, nullptr, &old) != 0);
     /* checked before anything is installed: a bad value changes nothing */
     const double ms = opts.sync_timeout * 1e3;
     if (!(ms >= 1) || (ms > 60000)) {
@@ -112,7 +129,7 @@ bool sync_start(int fd, const kreg_options_t &opts, std::string *why)
                "s is not within 1ms..60s";
         return false;
     }
-    if ((signo != 0) && !is_ours(old)) {
+    if ((signo != 0) && !held && !is_ours(old)) {
         if ((old.sa_handler != SIG_DFL) || (old.sa_flags & SA_SIGINFO)) {
             char text[160];
             snprintf(text, sizeof(text), "signal %d (UCX_KREG_SYNC_SIGNAL) already "
@@ -131,20 +148,35 @@ bool sync_start(int fd, const kreg_options_t &opts, std::string *why)
             return false;
         }
     }
-    struct kreg_nf_sync_start st = {};
-    st.signo           = static_cast<uint32_t>(signo);
-    st.gate_timeout_ms = static_cast<uint32_t>(ms);
-    /* a handler installed over ours later is treated as a blocked signal:
-     * the changing thread is held until the reader reports */
-    st.handler         = (signo != 0) ? reinterpret_cast<uintptr_t>(handler) : 0;
-    if (ioctl(fd, KREG_NF_IOC_SYNC_START, &st) != 0) {
-        *why = (errno == ENOTTY) ?
-               std::string("the loaded kreg_notifier module has no synchronous "
-                           "delivery (an older build: load this one's)") :
-               std::string("KREG_NF_IOC_SYNC_START: ") + strerror(errno);
+    int err = start_ioctl(fd, signo, static_cast<uint32_t>(ms));
+    if ((signo != 0) && held && (err == EINVAL)) {
+        *why = "signal " + std::to_string(signo) + " (UCX_KREG_SYNC_SIGNAL) "
+               "is refused by sigaction(): reserved by the C library, or "
+               "held by another synchronous delivery in this process";
         return false;
     }
-    g_signo = signo;
+    if ((signo != 0) && ((err == EINVAL) || (err == EOPNOTSUPP))) {
+        /* the kernel's handler is not ours (a tool that emulates signals,
+         * such as valgrind), or a kernel before 5.16 cannot hold it: the
+         * reader reports every change instead, still before any thread
+         * goes on */
+        ucs_diag("kreg: synchronous delivery without a signal: %s",
+                 (err == EINVAL) ?
+                 "the kernel's handler of UCX_KREG_SYNC_SIGNAL is not "
+                 "libucm_kernel's (signals emulated, as under valgrind?)" :
+                 "this kernel cannot hold UCX_KREG_SYNC_SIGNAL (before 5.16)");
+        signo = 0;
+        err   = start_ioctl(fd, 0, static_cast<uint32_t>(ms));
+    }
+    if (err != 0) {
+        *why = (err == ENOTTY) ?
+               std::string("the loaded kreg_notifier module has no synchronous "
+                           "delivery (an older build: load this one's)") :
+               std::string("KREG_NF_IOC_SYNC_START: ") + strerror(err);
+        return false;
+    }
+    g_signo    = signo;
+    *signo_out = signo;
     g_fd.store(fd);
     return true;
 }
@@ -179,8 +211,8 @@ void sync_drain()
     }
     g_drained.fetch_add(drain_all(fd), std::memory_order_relaxed);
     /* What no handler carried: said once, counted in kreg_get_stats. Once
-     * all four are said, the reader asks the module for no counts. */
-    if (g_warned.load(std::memory_order_relaxed) == 15) {
+     * all five are said, the reader asks the module for no counts. */
+    if (g_warned.load(std::memory_order_relaxed) == 31) {
         return;
     }
     const kreg_nf_sync_stats st = module_stats(fd);
@@ -203,6 +235,9 @@ void sync_drain()
         {st.inflight_full, 8, true, "was reported while more than 64 changes "
          "were in flight at once, before its pages were gone: a registration "
          "made meanwhile could have pinned the old pages"},
+        {st.irq_releases, 16, true, "changed while a thread stopped at an "
+         "interrupt held up its report (a lock UCX's report needs): that "
+         "thread went on after 10 ms, and its next system call was not held"},
     };
     for (const once &o : said) {
         if ((o.count != 0) && !(g_warned.fetch_or(o.bit) & o.bit) &&
@@ -244,6 +279,7 @@ void sync_add_stats(kreg_stats_t *stats)
     stats->sync.own_changes   += st.own_changes;
     stats->sync.drain_waits   += st.drain_waits;
     stats->sync.inflight_full += st.inflight_full;
+    stats->sync.irq_releases  += st.irq_releases;
 }
 
 } // namespace kreg

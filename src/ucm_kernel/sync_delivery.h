@@ -20,8 +20,11 @@ namespace kreg {
 
 /* Arms synchronous delivery on the module's descriptor fd: installs the
  * handler of opts.sync_signal (refused if another handler is installed)
- * and starts the module's side. false with the reason in *why. */
-bool sync_start(int fd, const kreg_options_t &opts, std::string *why);
+ * and starts the module's side, which holds the signal until sync_stop()
+ * (sigaction() on it fails meanwhile). *signo is the signal in use: 0 if
+ * the kernel could not use it (the reader reports then). false with the
+ * reason in *why. */
+bool sync_start(int fd, const kreg_options_t &opts, int *signo, std::string *why);
 /* Stops the module's side and waits for handlers under way; the handler
  * stays installed and does nothing. Before fd is closed. */
 void sync_stop();

@@ -189,13 +189,17 @@ typedef struct {
         uint64_t drained;              /* ranges reported to UCM             */
         uint64_t passes;               /* holds that let their thread go at
                                           once: its own handler reports, or
-                                          it came from an interrupt         */
+                                          it is reporting                   */
         uint64_t threads;              /* threads given a hold (once each)   */
         uint64_t own_changes;          /* changes by the library's reader   */
         uint64_t drain_waits;          /* reports that waited for a change
                                           to end (its pages being zapped)   */
         uint64_t inflight_full;        /* changes reported before their end
                                           (over 64 in flight): a window     */
+        uint64_t irq_releases;         /* threads held at an interrupt's
+                                          return let go while a report was
+                                          blocked (they may hold its lock):
+                                          their next system call unheld     */
     } sync;
 } kreg_stats_t;
 

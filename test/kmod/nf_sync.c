@@ -40,6 +40,8 @@ int sy_drain(void)
 		if (!d.count)
 			return 0;
 		sy_note(r, d.count);
+		if (g_sy.reporting)
+			g_sy.reporting();
 		ack = d.seq;
 	}
 }
@@ -134,6 +136,41 @@ int sy_stats(struct kreg_nf_sync_stats *st)
 {
 	memset(st, 0, sizeof(*st));
 	return ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STATS, st) ? -errno : 0;
+}
+
+/*
+ * Every sigaction() on signo of the process fails while delivery runs
+ * (0 or a failure): to replace its handler, to reset it, to ignore it,
+ * even to read it.
+ */
+int sy_signal_held(void)
+{
+	struct sigaction acts[] = { { .sa_handler = SIG_DFL },
+				    { .sa_handler = SIG_IGN },
+				    { .sa_handler = sy_handler } };
+	struct sigaction old;
+
+	for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++) {
+		sigemptyset(&acts[i].sa_mask);
+		CHECK(sigaction(SY_SIGNO, &acts[i], NULL) && errno == EINVAL,
+		      "sigaction %zu on the held signal", i);
+	}
+	CHECK(sigaction(SY_SIGNO, NULL, &old) && errno == EINVAL,
+	      "reading the held signal's action");
+	return 0;
+}
+
+/* signo's action can be changed again (0 or a failure) */
+int sy_signal_free(void)
+{
+	struct sigaction dfl = { .sa_handler = SIG_DFL }, ours = {
+		.sa_handler = sy_handler, .sa_flags = SA_RESTART };
+
+	sigemptyset(&dfl.sa_mask);
+	sigemptyset(&ours.sa_mask);
+	CHECK(sigaction(SY_SIGNO, &dfl, NULL) == 0, "sigaction after the hold");
+	CHECK(sigaction(SY_SIGNO, &ours, NULL) == 0, "sigaction after the hold");
+	return 0;
 }
 
 struct io_uring g_ring;	/* the first pin's: io_uring madvise uses it */

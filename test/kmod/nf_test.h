@@ -149,6 +149,8 @@ struct sy_state {
 	bool close_in_handler;		/* the handler closes fd instead */
 	bool exit_in_handler;		/* the handler ends the process */
 	char *inner;			/* the handler unmaps it (reentry) */
+	void (*reporting)(void);	/* runs between a DRAIN that got
+					 * ranges and the next (UCX's part) */
 	volatile bool disp_stop;
 	pthread_t disp;
 	bool disp_running;
@@ -165,6 +167,8 @@ int sy_start_ioctl(uint32_t signo, uint32_t timeout_ms);
 int sy_start(int signo, uint32_t timeout_ms, bool dispatcher);
 void sy_stop_dispatcher(void);
 int sy_stats(struct kreg_nf_sync_stats *st);
+int sy_signal_held(void);
+int sy_signal_free(void);
 int pin(char *p, size_t len);
 char *sy_buffer(bool pinned, int *rc);
 int sy_setup(int signo, uint32_t timeout_ms, bool dispatcher, char **p);

@@ -139,33 +139,41 @@ static int t_sync_blocked_signal(void)
 	return 0;
 }
 
-static void sy_other_handler(int sig)
+/*
+ * The application cannot replace, reset or ignore the draining handler
+ * while delivery runs (the module of a37c080 let it, and its signal then
+ * killed the process or went unreported): sigaction() fails with EINVAL,
+ * the change is still reported by the changing thread's own handler, and
+ * STOP, then close, give the signal back.
+ */
+static int t_sync_handler_held(void)
 {
-	(void)sig;
-}
-
-/* Another handler installed over the draining one after SYNC_START: the
- * changing thread is held, as if it blocked the signal, until the
- * dispatcher reported. */
-static int t_sync_replaced_handler(void)
-{
-	struct sigaction sa = { .sa_handler = sy_other_handler };
 	struct kreg_nf_sync_stats st;
 	int rc;
 	char *p;
 
-	rc = sy_setup(SY_SIGNO, 10000, true, &p);
+	rc = sy_setup(SY_SIGNO, 10000, false, &p);
 	if (rc)
 		return rc;
-	sigemptyset(&sa.sa_mask);
-	CHECK(sigaction(SY_SIGNO, &sa, NULL) == 0, "sigaction");
+	rc = sy_signal_held();
+	if (rc)
+		return rc;
 	CHECK(munmap(p, LEN) == 0, "munmap");
 	CHECK(g_sy.reported, "munmap returned before the report");
-	CHECK(sy_stats(&st) == 0 && st.self_gated == 1 && st.signalled == 0,
-	      "self_gated %llu signalled %llu",
-	      (unsigned long long)st.self_gated, (unsigned long long)st.signalled);
-	sy_stop_dispatcher();
-	return 0;
+	CHECK(sy_stats(&st) == 0 && st.signalled == 1 && st.self_gated == 0,
+	      "signalled %llu self_gated %llu",
+	      (unsigned long long)st.signalled, (unsigned long long)st.self_gated);
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP) == 0, "STOP");
+	rc = sy_signal_free();
+	if (rc)
+		return rc;
+	/* again, given back by close() */
+	CHECK(sy_start_ioctl(SY_SIGNO, 10000) == 0, "START again");
+	rc = sy_signal_held();
+	if (rc)
+		return rc;
+	close(g_sy.fd);
+	return sy_signal_free();
 }
 
 /* No signal, no dispatcher: the changing thread is let go after the gate
@@ -252,7 +260,9 @@ static int t_sync_handler_reentered(void)
 }
 
 /* A forked child neither stops the parent's delivery (its close) nor adds
- * to it (its own changes). */
+ * to it (its own changes). It inherits the held signal with the handler,
+ * and its own delivery (libucm_kernel restarts in a child) starts over it
+ * and gives it back at its STOP. */
 static int t_sync_fork_child(void)
 {
 	struct kreg_nf_sync_stats st;
@@ -267,7 +277,16 @@ static int t_sync_fork_child(void)
 	CHECK(pid >= 0, "fork");
 	if (pid == 0) {
 		close(g_sy.fd);
-		_exit(munmap(p, LEN) ? 3 : 0);
+		if (munmap(p, LEN))
+			_exit(3);
+		if (sy_signal_held())
+			_exit(4);
+		g_sy.fd = open(KREG_NF_DEVICE, O_RDWR | O_CLOEXEC);
+		if (g_sy.fd < 0 || sy_start_ioctl(SY_SIGNO, 1000))
+			_exit(5);
+		if (ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP))
+			_exit(6);
+		_exit(sy_signal_free() ? 7 : 0);
 	}
 	CHECK(waitpid(pid, &status, 0) == pid && status == 0, "child %#x", status);
 	CHECK(sy_stats(&st) == 0 && st.queued == 0,
@@ -384,6 +403,7 @@ static int t_sync_bad_args(void)
 {
 	struct kreg_nf_range r[2];
 	struct kreg_nf_sync_drain d = { .buf = (uintptr_t)r, .max = 2 };
+	struct sigaction resethand = { .sa_handler = sy_handler };
 	struct kreg_nf_sync_stats st;
 	struct kreg_nf_sync_start bad[] = {
 		/* each bad in one field only: .handler is set with a signo */
@@ -416,6 +436,17 @@ static int t_sync_bad_args(void)
 		      errno == EINVAL, "bad START %zu accepted", i);
 	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_START, (void *)1) && errno == EFAULT,
 	      "START from a bad pointer");
+	/* a signo whose handler is not the one named, or is reset at delivery */
+	CHECK(sy_start_ioctl(SY_SIGNO, 10) == -EINVAL,
+	      "START with signo's handler not installed");
+	resethand.sa_flags = SA_RESETHAND;
+	sigemptyset(&resethand.sa_mask);
+	CHECK(sigaction(SY_SIGNO, &resethand, NULL) == 0, "sigaction");
+	CHECK(sy_start_ioctl(SY_SIGNO, 10) == -EINVAL,
+	      "START with an SA_RESETHAND handler");
+	resethand.sa_flags = 0;
+	CHECK(sigaction(SY_SIGNO, &resethand, NULL) == 0,
+	      "sigaction after the refused STARTs");
 	close(g_sy.fd);
 	/* signo 0: nothing is signalled, so a DRAIN sees the range queued */
 	CHECK(sy_start(0, 10, false) == 0, "SYNC_START");
@@ -466,7 +497,7 @@ const struct nf_test nf_tests_sync[] = {
 	     "munmap of memory never pinned"),
 	{ "sync-other-thread-held", t_sync_other_thread_held, NULL, NULL },
 	{ "sync-blocked-signal", t_sync_blocked_signal, NULL, NULL },
-	{ "sync-replaced-handler", t_sync_replaced_handler, NULL, NULL },
+	{ "sync-handler-held", t_sync_handler_held, NULL, NULL },
 	{ "sync-gate-timeout", t_sync_gate_timeout, NULL, NULL },
 	{ "sync-io-uring-madvise", t_sync_io_uring_madvise, NULL, NULL },
 	{ "sync-handler-reentered", t_sync_handler_reentered, NULL, NULL },
