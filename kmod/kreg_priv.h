@@ -30,6 +30,8 @@
  *                      held: mmap() does not take it.
  *                      SYNC_START and SYNC_STOP too (mmu_notifier_register
  *                      takes mmap_lock; _unregister waits for callbacks).
+ *   kreg_syncs_lock (mutex) the started syncs, one per mm: START and STOP,
+ *                      inside ctx->lock.
  *   ctx->ev_lock (spin) the event queue, the per-slot event state and the
  *                      live/taken bitmaps. Taken by the invalidate callback;
  *                      nothing that sleeps runs under it.
@@ -231,6 +233,7 @@ struct kreg_sync {
 	struct kreg_sync_inflight inflight[KREG_SYNC_INFLIGHT];
 	DECLARE_HASHTABLE(gates, KREG_GATE_BITS);	/* by task */
 	struct list_head idle;		/* gates to arm at the next change */
+	struct list_head live;		/* on kreg_syncs while started */
 	atomic64_t stats[KREG_ST_NR];
 };
 

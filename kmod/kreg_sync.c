@@ -41,6 +41,14 @@
 
 #define KREG_DRAIN_BATCH	32
 
+/*
+ * Every started sync, by mm: one per address space. Two would hold the
+ * same signal, and the first STOP would give it back under the second.
+ * Taken inside ctx->lock.
+ */
+static LIST_HEAD(kreg_syncs);
+static DEFINE_MUTEX(kreg_syncs_lock);
+
 void kreg_sync_count(struct kreg_sync *s, enum kreg_sync_stat i)
 {
 	atomic64_inc(&s->stats[i]);
@@ -215,6 +223,17 @@ void kreg_sync_release(struct kref *ref)
 	kfree(container_of(ref, struct kreg_sync, ref));
 }
 
+/* -EBUSY if another descriptor's delivery runs on mm (kreg_syncs_lock) */
+static long kreg_sync_of_mm(struct mm_struct *mm)
+{
+	struct kreg_sync *o;
+
+	list_for_each_entry(o, &kreg_syncs, live)
+		if (o->mm == mm)
+			return -EBUSY;
+	return 0;
+}
+
 long kreg_sync_start(struct kreg_ctx *ctx,
 		     struct kreg_nf_sync_start __user *uarg)
 {
@@ -234,11 +253,15 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 
 	if (mutex_lock_killable(&ctx->lock))
 		return -EINTR;
+	mutex_lock(&kreg_syncs_lock);
 	s = ctx->sync;
 	if (s && !s->dead) {
 		ret = -EBUSY;
 		goto out;
 	}
+	ret = kreg_sync_of_mm(ctx->mm);
+	if (ret)
+		goto out;
 	if (!s) {
 		ret = kreg_charge_mem(ctx, sizeof(*s));
 		if (ret)
@@ -256,6 +279,7 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 		spin_lock_init(&s->lock);
 		hash_init(s->gates);
 		INIT_LIST_HEAD(&s->idle);
+		INIT_LIST_HEAD(&s->live);
 		s->dead = true;
 		ctx->sync = s;	/* nothing reads it before the notifier is in */
 	}
@@ -301,8 +325,11 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 		if (s->signo)
 			kreg_signal_release(owner, s->signo, s->handler);
 		put_pid(owner);
+	} else {
+		list_add(&s->live, &kreg_syncs);
 	}
 out:
+	mutex_unlock(&kreg_syncs_lock);
 	mutex_unlock(&ctx->lock);
 	return ret;
 }
@@ -334,6 +361,9 @@ void kreg_sync_stop_locked(struct kreg_sync *s)
 		kreg_signal_release(owner, s->signo, s->handler);
 	put_pid(owner);
 	put_pid(dispatcher);
+	mutex_lock(&kreg_syncs_lock);
+	list_del_init(&s->live);
+	mutex_unlock(&kreg_syncs_lock);
 }
 
 long kreg_sync_stop(struct kreg_ctx *ctx)

@@ -216,7 +216,8 @@ struct kreg_nf_event {
  * themselves at once (their threads are woken as for a signal with no
  * handler). Errors: EINVAL for a bad argument or a flag not 0, or a signo
  * whose handler is not handler; EOPNOTSUPP for a signo on a kernel before
- * 5.16 (no SA_IMMUTABLE: use signo 0); EBUSY for a second SYNC_START;
+ * 5.16 (no SA_IMMUTABLE: use signo 0); EBUSY for a second SYNC_START, on
+ * this descriptor or another in the same address space;
  * ENOENT for SYNC_* before SYNC_START; ENOMEM.
  */
 

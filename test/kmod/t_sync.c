@@ -404,6 +404,8 @@ static int t_sync_bad_args(void)
 	struct kreg_nf_range r[2];
 	struct kreg_nf_sync_drain d = { .buf = (uintptr_t)r, .max = 2 };
 	struct sigaction resethand = { .sa_handler = sy_handler };
+	struct kreg_nf_sync_start second = { .gate_timeout_ms = 10 };
+	int other;
 	struct kreg_nf_sync_stats st;
 	struct kreg_nf_sync_start bad[] = {
 		/* each bad in one field only: .handler is set with a signo */
@@ -451,6 +453,11 @@ static int t_sync_bad_args(void)
 	/* signo 0: nothing is signalled, so a DRAIN sees the range queued */
 	CHECK(sy_start(0, 10, false) == 0, "SYNC_START");
 	CHECK(sy_start_ioctl(0, 10) == -EBUSY, "a second START");
+	/* one delivery per address space: another descriptor is refused */
+	other = open(KREG_NF_DEVICE, O_RDWR | O_CLOEXEC);
+	CHECK(other >= 0, "open");
+	CHECK(ioctl(other, KREG_NF_IOC_SYNC_START, &second) && errno == EBUSY,
+	      "a START on a second descriptor of the same process");
 	p = sy_buffer(true, &rc);
 	if (rc)
 		return rc;
@@ -476,6 +483,11 @@ static int t_sync_bad_args(void)
 	CHECK(sy_drain() == 0 && g_sy.reported, "the range after bad DRAINs");
 	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP) == 0, "STOP");
 	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP) && errno == ENOENT, "STOP twice");
+	CHECK(ioctl(other, KREG_NF_IOC_SYNC_START, &second) == 0,
+	      "the second descriptor's START after the first's STOP");
+	CHECK(ioctl(g_sy.fd, KREG_NF_IOC_SYNC_START, &second) && errno == EBUSY,
+	      "the first descriptor's START again");
+	close(other);
 	CHECK(sy_start_ioctl(SY_SIGNO, 10) == 0, "START after STOP");
 	return 0;
 }
