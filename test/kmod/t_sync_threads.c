@@ -563,9 +563,13 @@ static int t_sync_spinner_not_kicked(void)
 	}
 	/*
 	 * A kick a change (the module of a37c080: TWA_RESUME) is a
-	 * rescheduling interrupt a change on the spinner's CPU.
+	 * rescheduling interrupt a change on the spinner's CPU: 50 here. The
+	 * waits above end in a wake-up, which reaches an idle CPU by a
+	 * rescheduling interrupt too: 12 of 50 once in a full run under
+	 * load (bound CHANGES / 5 then failed), 0-3 alone. Half the changes
+	 * still tells a kick a change from those.
 	 */
-	CHECK(with - base < CHANGES / 5,
+	CHECK(with - base < CHANGES / 2,
 	      "the spinner's CPU took %ld rescheduling interrupts more for %d changes",
 	      with - base, CHANGES);
 	return 0;
