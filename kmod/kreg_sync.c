@@ -486,6 +486,8 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 		arg.seq = e->seq;
 		n++;
 	}
+	/* the caller reports what it got, until a DRAIN that gets nothing */
+	kreg_gate_reporting(s, current, n);
 	spin_unlock(&s->lock);
 	arg.count = n;
 	if (n)
@@ -496,10 +498,12 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 			       n * sizeof(out[0]))) ||
 	    copy_to_user(uarg, &arg, sizeof(arg)))
 		ret = -EFAULT;
-	/* the caller reports what it got, until a DRAIN that gets nothing */
-	spin_lock(&s->lock);
-	kreg_gate_reporting(s, current, n && !ret);
-	spin_unlock(&s->lock);
+	if (ret && n) {
+		/* it got nothing to report after all */
+		spin_lock(&s->lock);
+		kreg_gate_reporting(s, current, false);
+		spin_unlock(&s->lock);
+	}
 	return ret;
 }
 
