@@ -801,7 +801,7 @@ static int t_sync_reader_own_change(void)
 	CHECK(g_own_ms < 1000, "the reader was held %.0f ms by its own change",
 	      g_own_ms);
 	CHECK(g_sy.reported, "the reader's own change was never reported");
-	CHECK(sy_stats(&st) == 0 && st.own_changes == 1 && st.gate_timeouts == 0,
+	CHECK(sy_stats(&st) == 0 && st.own_changes >= 1 && st.gate_timeouts == 0,
 	      "own_changes %llu gate_timeouts %llu",
 	      (unsigned long long)st.own_changes,
 	      (unsigned long long)st.gate_timeouts);
