@@ -66,4 +66,4 @@ module_misc_device(kreg_misc);
 MODULE_DESCRIPTION("Counters that tell a process when registered memory goes away (mmu_interval_notifier)");
 MODULE_AUTHOR("ucx-kreg");
 MODULE_LICENSE("GPL");
-MODULE_VERSION("0.1.0");
+MODULE_VERSION(KREG_VERSION);
