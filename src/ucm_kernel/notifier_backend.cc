@@ -190,8 +190,10 @@ public:
         retained_seq_.clear();
         plain_      = opts.mode == KREG_MODE_PLAIN;
 
+        sync_why_ = "UCX_KREG_SYNC=n";
         if (opts.sync != KREG_SYNC_NO) {
-            std::string why;
+            std::string &why = sync_why_;
+            why.clear();
             /* sync_signal_: the signal in use, 0 if the reader reports */
             if (!sync_start(fd_, opts, &sync_signal_, &why)) {
                 if (opts.sync == KREG_SYNC_YES) {
@@ -385,6 +387,7 @@ public:
         caps->max_ranges    = max_ranges_;
         caps->sync_delivery = sync_active();
         caps->sync_signal   = caps->sync_delivery ? sync_signal_ : 0;
+        caps->why_no_sync   = caps->sync_delivery ? "" : sync_why_.c_str();
     }
 
     void add_stats(kreg_stats_t *stats) const override
@@ -542,6 +545,7 @@ private:
     unsigned long            max_ranges_ = 0;
     bool                     plain_ = false;
     int                      sync_signal_ = 0;
+    std::string              sync_why_; /* why not synchronous (caps) */
     pthread_t                reader_{};
     bool                     reader_running_ = false;
 

@@ -423,6 +423,9 @@ void source_query(kreg_caps_t *caps)
     caps->reason         = b ? KREG_REASON_NONE : source_reason();
     caps->why_backend    = b ? s.why_backend : "";
     caps->external_event = s.external;
+    caps->version        = PACKAGE_VERSION;
+    caps->why_no_sync    = b ? "the userfaultfd backend: it needs the kreg_notifier module"
+                             : "no backend runs";
     if (b != nullptr) {
         b->query(caps);
     }

@@ -153,6 +153,10 @@ typedef struct {
     int            sync_delivery;   /* synchronous delivery runs: UCX's own
                                        caches are exact (UCX_KREG_SYNC)     */
     int            sync_signal;     /* its signal, 0 for none               */
+    /* why synchronous delivery does not run ("" when it does; valid until
+     * the backend stops) */
+    const char    *why_no_sync;
+    const char    *version;         /* this library's (configure.ac's)      */
 } kreg_caps_t;
 
 typedef struct {
