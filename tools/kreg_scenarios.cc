@@ -96,6 +96,12 @@ outcome run_case(const scenario &s, const char *thread, const column &col,
     if (col.backend != nullptr) {
         env.push_back({"UCX_KREG_BACKEND", col.backend});
     }
+    if (col.src == source::none) {
+        /* Where the module is loaded, kreg_start() would start synchronous
+         * delivery, which tells the rcache of the pinned pages' change on
+         * its own: the control must watch nothing. */
+        env.push_back({"UCX_KREG_SYNC", "n"});
+    }
     if (s.exits_with_live_threads) {
         /* LeakSanitizer cannot stop threads exit() leaves running ("Running
          * thread ... was not suspended"), then reports memory they still
