@@ -554,7 +554,7 @@ long changed_refusals()
 {
     using stats_fn = void (*)(kreg_stats_t *);
     /* a plugin's dependencies are local to it: found by soname then */
-    static void *lib = dlopen("libucm_kernel.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    static void *lib = dlopen("libucm_kernel.so.2", RTLD_LAZY | RTLD_NOLOAD);
     static auto fn = reinterpret_cast<stats_fn>(dlsym(lib ? lib : RTLD_DEFAULT,
                                                       "kreg_get_stats"));
     if (fn == nullptr) {
