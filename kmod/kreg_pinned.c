@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * Whether a range may hold pages pinned for DMA: the filter that keeps
+ * Whether a range may hold pages pinned for DMA (or, for
+ * KREG_NF_SYNC_UNPINNED, any page at all): the filter that keeps
  * synchronous delivery to changes of registered memory. No lock of ours.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
@@ -10,10 +11,10 @@
 
 #include "kreg_priv.h"
 
-static bool kreg_pfn_pinned(unsigned long pfn)
+static bool kreg_pfn_pinned(unsigned long pfn, bool any)
 {
-	return pfn_valid(pfn) &&
-	       folio_maybe_dma_pinned(page_folio(pfn_to_page(pfn)));
+	return any || (pfn_valid(pfn) &&
+		       folio_maybe_dma_pinned(page_folio(pfn_to_page(pfn))));
 }
 
 /*
@@ -25,10 +26,11 @@ static bool kreg_pfn_pinned(unsigned long pfn)
  * anon_vma lock, which free_pgtables() needs after unlinking the VMA), so a
  * lockless read of them, as GUP-fast does it, is safe here and only here.
  * Interrupts are off as GUP-fast has them. A huge entry is one folio. No
- * reference is taken: a page still mapped here cannot be freed.
+ * reference is taken: a page still mapped here cannot be freed. With any,
+ * the first page mapped counts, pinned or not.
  */
 bool kreg_range_pinned(struct mm_struct *mm, unsigned long addr,
-		       unsigned long end)
+		       unsigned long end, bool any)
 {
 	unsigned long flags, next;
 	bool pinned = false;
@@ -53,7 +55,7 @@ bool kreg_range_pinned(struct mm_struct *mm, unsigned long addr,
 		if (pud_none(pud) || !pud_present(pud))
 			continue;
 		if (pud_leaf(pud)) {
-			pinned = kreg_pfn_pinned(pud_pfn(pud));
+			pinned = kreg_pfn_pinned(pud_pfn(pud), any);
 			continue;
 		}
 		if (pud_bad(pud))
@@ -63,7 +65,7 @@ bool kreg_range_pinned(struct mm_struct *mm, unsigned long addr,
 		if (pmd_none(pmd) || !pmd_present(pmd))
 			continue;
 		if (pmd_leaf(pmd)) {
-			pinned = kreg_pfn_pinned(pmd_pfn(pmd));
+			pinned = kreg_pfn_pinned(pmd_pfn(pmd), any);
 			continue;
 		}
 		if (pmd_bad(pmd))
@@ -74,7 +76,7 @@ bool kreg_range_pinned(struct mm_struct *mm, unsigned long addr,
 			pte_t pte = READ_ONCE(*ptep);
 
 			if (pte_present(pte) && !pte_special(pte))
-				pinned = kreg_pfn_pinned(pte_pfn(pte));
+				pinned = kreg_pfn_pinned(pte_pfn(pte), any);
 		}
 	}
 	local_irq_restore(flags);

@@ -216,6 +216,7 @@ struct kreg_sync {
 	int signo;			/* 0: no signal, the reader reports */
 	unsigned long handler;		/* signo's handler that drains */
 	unsigned long timeout;		/* jiffies */
+	bool unpinned;			/* KREG_NF_SYNC_UNPINNED */
 	wait_queue_head_t wq;		/* gates and DRAINs */
 	wait_queue_head_t poll_wq;	/* the reader's poll() */
 	spinlock_t lock;
@@ -272,7 +273,7 @@ void kreg_signal_release(struct pid *owner, int signo, unsigned long handler);
 
 /* kreg_pinned.c */
 bool kreg_range_pinned(struct mm_struct *mm, unsigned long addr,
-		       unsigned long end);
+		       unsigned long end, bool any);
 
 /* kreg_file.c */
 extern const struct file_operations kreg_fops;

@@ -27,6 +27,7 @@
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/compat.h>
 #include <linux/mm.h>
 #include <linux/mmu_notifier.h>
 #include <linux/pid.h>
@@ -36,6 +37,9 @@
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 #include <linux/wait.h>
+#include <linux/sched/task_stack.h>
+#include <linux/unistd.h>
+#include <asm/syscall.h>
 
 #include "kreg_priv.h"
 
@@ -115,12 +119,47 @@ static void kreg_sync_queue(struct kreg_sync *s,
 	}
 }
 
+/*
+ * Whether current is in a system call that may take pages away, for
+ * KREG_NF_SYNC_UNPINNED. Not a fault (a copy-on-write break), and not the
+ * calls that only lock or protect pages: where a VMA boundary they make
+ * falls inside a huge page, they split it (an invalidation of its 2 MiB,
+ * every page kept), which would invalidate every registration around it
+ * (UCS's test_rcache, 6 threads: 6 of 8 runs). UCM's hooks report none of
+ * these either. A 32-bit caller's numbers are another table: all count.
+ */
+static bool kreg_syscall_may_unmap(void)
+{
+	int nr = syscall_get_nr(current, task_pt_regs(current));
+
+	if (nr < 0)
+		return false;
+	if (in_compat_syscall())
+		return true;
+	switch (nr) {
+	case __NR_mlock:
+	case __NR_munlock:
+	case __NR_mlockall:
+	case __NR_munlockall:
+#ifdef __NR_mlock2
+	case __NR_mlock2:
+#endif
+	case __NR_mprotect:
+#ifdef __NR_pkey_mprotect
+	case __NR_pkey_mprotect:
+#endif
+		return false;
+	default:
+		return true;
+	}
+}
+
 static int kreg_sync_range_start(struct mmu_notifier *mn,
 				 const struct mmu_notifier_range *range)
 {
 	struct kreg_sync *s = container_of(mn, struct kreg_sync, mn);
 	struct mm_struct *mm = range->mm;
-	bool user, own, signal = false, reader = false;
+	bool wanted, user, own, signal = false, reader = false;
 	LIST_HEAD(reap);
 
 	switch (range->event) {
@@ -140,10 +179,22 @@ static int kreg_sync_range_start(struct mmu_notifier *mn,
 	 * Only pinned pages matter, whoever changes them: this process must
 	 * have pinned something (pinned_vm), and the range must hold a pinned
 	 * page. Pages this process never pinned queue nothing, whoever
-	 * truncates the file behind them.
+	 * truncates the file behind them. With KREG_NF_SYNC_UNPINNED the
+	 * address space's own changes of any page mapped matter too, made in
+	 * a system call (munmap, mremap, madvise, brk, shmdt, MAP_FIXED) by
+	 * its threads, a vfork child or an io_uring worker, as UCM's hooks
+	 * see them. Not a fault's copy-on-write break (the hooks never
+	 * reported one, and after fork every first write would cost the
+	 * signal; one in a handler could only wait for the reader), nor
+	 * another process's or a kernel thread's change.
 	 */
-	if (!atomic64_read(&mm->pinned_vm) ||
-	    !kreg_range_pinned(mm, range->start, range->end)) {
+	if (s->unpinned && current->mm == mm && !(current->flags & PF_KTHREAD) &&
+	    kreg_syscall_may_unmap())
+		wanted = kreg_range_pinned(mm, range->start, range->end, true);
+	else
+		wanted = atomic64_read(&mm->pinned_vm) &&
+			 kreg_range_pinned(mm, range->start, range->end, false);
+	if (!wanted) {
 		kreg_sync_count(s, KREG_ST_UNPINNED);
 		return 0;
 	}
@@ -245,7 +296,8 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 
 	if (copy_from_user(&arg, uarg, sizeof(arg)))
 		return -EFAULT;
-	if (arg.flags || arg.reserved || !arg.gate_timeout_ms ||
+	if ((arg.flags & ~KREG_NF_SYNC_UNPINNED) || arg.reserved ||
+	    !arg.gate_timeout_ms ||
 	    arg.gate_timeout_ms > 60000 || !arg.handler != !arg.signo ||
 	    (arg.signo && (!valid_signal(arg.signo) || arg.signo == SIGKILL ||
 			   arg.signo == SIGSTOP)))
@@ -292,6 +344,7 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 	s->signo = arg.signo;
 	s->handler = (unsigned long)arg.handler;
 	s->timeout = msecs_to_jiffies(arg.gate_timeout_ms);
+	s->unpinned = arg.flags & KREG_NF_SYNC_UNPINNED;
 	for (i = 0; i < KREG_ST_NR; i++)
 		atomic64_set(&s->stats[i], 0);
 	spin_lock(&s->lock);

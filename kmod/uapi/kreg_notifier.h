@@ -184,8 +184,13 @@ struct kreg_nf_event {
  *    dispatcher. Threads in user space are never interrupted, and a change
  *    costs nothing per thread that did not enter the kernel since the
  *    last one.
- * Pages that are not pinned are never queued: memory that was never
- * registered pays one page-table walk in the changing thread.
+ * Pages that are not pinned are not queued: memory that was never
+ * registered pays one page-table walk in the changing thread. With the flag
+ * KREG_NF_SYNC_UNPINNED the address space's own changes (its threads', a
+ * vfork child's, io_uring workers') of any page mapped are queued too, for
+ * caches of registrations that pin nothing (xpmem, knem, an mlock): each
+ * such change then costs its thread the signal; another process's or a
+ * kernel thread's change of pages not pinned still queues nothing.
  *
  * DRAIN hands out every queued range not yet acknowledged whose change has
  * ended (its pages are gone; it waits for the ones being zapped), oldest
@@ -214,7 +219,7 @@ struct kreg_nf_event {
  * SYNC_STOP (also the owner's close() of the descriptor) removes the
  * notifier and opens every gate; gates still queued on threads free
  * themselves at once (their threads are woken as for a signal with no
- * handler). Errors: EINVAL for a bad argument or a flag not 0, or a signo
+ * handler). Errors: EINVAL for a bad argument or an unknown flag, or a signo
  * whose handler is not handler; EOPNOTSUPP for a signo on a kernel before
  * 5.16 (no SA_IMMUTABLE: use signo 0); EBUSY for a second SYNC_START, on
  * this descriptor or another in the same address space;
@@ -229,7 +234,7 @@ struct kreg_nf_sync_start {
 	 */
 	__u32 signo;
 	__u32 gate_timeout_ms; /* 1..60000 */
-	__u32 flags;           /* 0 */
+	__u32 flags;           /* 0 or KREG_NF_SYNC_UNPINNED */
 	__u32 reserved;        /* 0 */
 	/*
 	 * the handler's address (not 0 with a signo): signo's handler in the
@@ -237,6 +242,9 @@ struct kreg_nf_sync_start {
 	 */
 	__u64 handler;
 };
+
+/* kreg_nf_sync_start.flags: also the process's own changes of pages not pinned */
+#define KREG_NF_SYNC_UNPINNED 0x1U
 
 /* A range handed out by DRAIN. */
 struct kreg_nf_range {

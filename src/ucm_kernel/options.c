@@ -117,6 +117,15 @@ static ucs_config_field_t kreg_options_table[] = {
      "goes on, counted in kreg_get_stats and warned of once.",
      offsetof(kreg_options_t, sync_timeout), UCS_CONFIG_TYPE_TIME},
 
+    {"SYNC_UNPINNED", "n",
+     "Synchronous delivery of the process's own unmaps (munmap, mremap,\n"
+     "madvise) of memory that is not pinned too, for UCX caches of\n"
+     "registrations that pin nothing (xpmem, knem, UCX's test_rcache). Each\n"
+     "such unmap of memory with a page present then costs the unmapping\n"
+     "thread the signal. With 'n' only pinned memory (every verbs\n"
+     "registration) is reported.",
+     offsetof(kreg_options_t, sync_unpinned), UCS_CONFIG_TYPE_BOOL},
+
     {"AUTOSTART", "auto",
      "Start when the library is loaded, so that stock UCX transports need no\n"
      "caller of kreg_start(), where synchronous delivery can run (else nothing\n"

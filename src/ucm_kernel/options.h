@@ -44,6 +44,8 @@ typedef struct {
     int           sync;       /* kreg_sync_choice_t */
     int           sync_signal; /* the changing thread's signal (synchronous delivery) */
     double        sync_timeout; /* seconds a held thread waits at most */
+    int           sync_unpinned; /* also the process's own changes of pages
+                                    not pinned (KREG_NF_SYNC_UNPINNED) */
     int           autostart;  /* kreg_sync_choice_t: start at load where
                                  synchronous delivery runs */
 } kreg_options_t;

@@ -99,11 +99,12 @@ kreg_nf_sync_stats module_stats(int fd)
 namespace {
 
 /* SYNC_START: 0 or errno */
-int start_ioctl(int fd, int signo, uint32_t ms)
+int start_ioctl(int fd, int signo, uint32_t ms, uint32_t flags)
 {
     struct kreg_nf_sync_start st = {};
     st.signo           = static_cast<uint32_t>(signo);
     st.gate_timeout_ms = ms;
+    st.flags           = flags;
     /* the module holds signo (sigaction() on it fails) until SYNC_STOP */
     st.handler         = (signo != 0) ? reinterpret_cast<uintptr_t>(handler) : 0;
     return (ioctl(fd, KREG_NF_IOC_SYNC_START, &st) == 0) ? 0 : errno;
@@ -148,7 +149,8 @@ bool sync_start(int fd, const kreg_options_t &opts, int *signo_out, std::string 
             return false;
         }
     }
-    int err = start_ioctl(fd, signo, static_cast<uint32_t>(ms));
+    const uint32_t flags = opts.sync_unpinned ? KREG_NF_SYNC_UNPINNED : 0;
+    int err = start_ioctl(fd, signo, static_cast<uint32_t>(ms), flags);
     if ((signo != 0) && held && (err == EINVAL)) {
         *why = "signal " + std::to_string(signo) + " (UCX_KREG_SYNC_SIGNAL) "
                "is refused by sigaction(): reserved by the C library, or "
@@ -166,7 +168,7 @@ bool sync_start(int fd, const kreg_options_t &opts, int *signo_out, std::string 
                  "libucm_kernel's (signals emulated, as under valgrind?)" :
                  "this kernel cannot hold UCX_KREG_SYNC_SIGNAL (before 5.16)");
         signo = 0;
-        err   = start_ioctl(fd, 0, static_cast<uint32_t>(ms));
+        err   = start_ioctl(fd, 0, static_cast<uint32_t>(ms), flags);
     }
     if (err != 0) {
         *why = (err == ENOTTY) ?

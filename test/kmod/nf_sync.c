@@ -89,10 +89,14 @@ void *sy_dispatcher(void *a)
 /* the handler SYNC_START names (the bench's own drains and times) */
 void (*g_sy_handler)(int sig) = sy_handler;
 
+/* SYNC_START's flags (each test runs in a process of its own) */
+uint32_t g_sy_start_flags;
+
 int sy_start_ioctl(uint32_t signo, uint32_t timeout_ms)
 {
 	struct kreg_nf_sync_start st = { .signo = signo,
 					 .gate_timeout_ms = timeout_ms,
+					 .flags = g_sy_start_flags,
 					 .handler = signo ? (uintptr_t)g_sy_handler : 0 };
 
 	return ioctl(g_sy.fd, KREG_NF_IOC_SYNC_START, &st) ? -errno : 0;

@@ -157,6 +157,7 @@ struct sy_state {
 };
 extern struct sy_state g_sy;
 extern void (*g_sy_handler)(int sig);
+extern uint32_t g_sy_start_flags;
 extern struct io_uring g_ring;
 extern bool g_ring_up;
 void sy_note(const struct kreg_nf_range *r, uint32_t n);

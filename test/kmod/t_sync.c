@@ -29,12 +29,14 @@ static int sy_ch_mprotect(char *p) { return mprotect(p, LEN, PROT_READ); }
 /*
  * One change in this thread: with pinned pages it is reported by this
  * thread's handler before the call returns; mprotect and memory never
- * pinned are not reported at all.
+ * pinned are not reported at all, but with KREG_NF_SYNC_UNPINNED (flags)
+ * the process's own changes of any page are.
  */
 struct sy_case {
 	int (*change)(char *p);
 	bool pinned, reported;
 	const char *what;
+	uint32_t flags;
 };
 
 int sy_order(const struct sy_case *c)
@@ -45,10 +47,19 @@ int sy_order(const struct sy_case *c)
 	int rc;
 	char *p;
 
-	CHECK(sy_start(SY_SIGNO, 10000, false) == 0, "SYNC_START");
+	/*
+	 * With KREG_NF_SYNC_UNPINNED a system call's write to a page this
+	 * forked test process still shares with its parent is the process's
+	 * own change too: the handler's DRAIN is one, which only the
+	 * dispatcher reports (the signal is blocked in the handler); the
+	 * STATS before the change leaves no such page where STATS writes.
+	 */
+	g_sy_start_flags = c->flags;
+	CHECK(sy_start(SY_SIGNO, 10000, c->flags != 0) == 0, "SYNC_START");
 	p = sy_buffer(pinned, &rc);
 	if (rc)
 		return rc;
+	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
 	CHECK(c->change(p) == 0, "%s", what);
 	CHECK(g_sy.reported == reported, "%s: reported %d before it returned, want %d (handler ran %d times)",
 	      what, g_sy.reported, reported, g_sy.handler_runs);
@@ -57,7 +68,7 @@ int sy_order(const struct sy_case *c)
 		CHECK(st.signalled >= 1 && st.queued >= 1,
 		      "signalled %llu queued %llu", (unsigned long long)st.signalled,
 		      (unsigned long long)st.queued);
-	else if (!pinned)
+	else if (!pinned && c->change != sy_ch_mprotect)
 		CHECK(st.queued == 0 && st.unpinned >= 1,
 		      "memory never pinned: queued %llu unpinned %llu",
 		      (unsigned long long)st.queued,
@@ -65,6 +76,7 @@ int sy_order(const struct sy_case *c)
 	else
 		CHECK(st.queued == 0, "%s queued %llu", what,
 		      (unsigned long long)st.queued);
+	sy_stop_dispatcher();
 	return 0;
 }
 
@@ -206,7 +218,7 @@ static int t_sync_gate_timeout(void)
 /* io_uring's madvise runs in an io-wq worker: no signal can reach the
  * change; it is counted late, and the submitter, held at its return from
  * io_uring_enter, sees the completion only after the dispatcher's report. */
-static int t_sync_io_uring_madvise(void)
+static int sy_io_uring_madvise(bool pinned)
 {
 	struct kreg_nf_sync_stats st;
 	struct io_uring_cqe *cqe;
@@ -214,7 +226,19 @@ static int t_sync_io_uring_madvise(void)
 	int rc;
 	char *p;
 
-	rc = sy_setup(SY_SIGNO, 10000, true, &p);
+	if (pinned) {
+		rc = sy_setup(SY_SIGNO, 10000, true, &p);
+	} else {
+		/* an io_uring worker shares the address space: its change is
+		 * the process's own */
+		g_sy_start_flags = KREG_NF_SYNC_UNPINNED;
+		CHECK(sy_start(SY_SIGNO, 10000, true) == 0, "SYNC_START");
+		rc = io_uring_queue_init(4, &g_ring, 0);
+		if (rc)
+			return skip("io_uring_queue_init: %s", strerror(-rc));
+		g_ring_up = true;
+		p = sy_buffer(false, &rc);
+	}
 	if (rc)
 		return rc;
 	g_sy.disp_delay_ms = 100;	/* the submitter would see its CQE first */
@@ -229,6 +253,146 @@ static int t_sync_io_uring_madvise(void)
 	CHECK(g_sy.reported, "io_uring_enter returned before the report");
 	CHECK(sy_stats(&st) == 0 && st.late >= 1,
 	      "late %llu (the worker's change)", (unsigned long long)st.late);
+	sy_stop_dispatcher();
+	return 0;
+}
+
+static int t_sync_io_uring_madvise(void) { return sy_io_uring_madvise(true); }
+static int t_sync_unpinned_io_uring_madvise(void)
+{
+	return sy_io_uring_madvise(false);
+}
+
+/*
+ * KREG_NF_SYNC_UNPINNED: a mapping with no page present (never touched, or
+ * already given back) queues nothing when it goes; one page touched in it
+ * queues the change.
+ */
+static int t_sync_unpinned_untouched(void)
+{
+	struct kreg_nf_sync_stats st0, st;
+	char *p;
+
+	g_sy_start_flags = KREG_NF_SYNC_UNPINNED;
+	CHECK(sy_start(SY_SIGNO, 10000, true) == 0, "SYNC_START");
+	/* twice: the first round's STATS may copy a page shared since fork */
+	for (int round = 0; round < 2; round++) {
+		CHECK(sy_stats(&st0) == 0, "SYNC_STATS");
+		p = mmap(NULL, LEN, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		CHECK(p != MAP_FAILED, "mmap");
+		g_sy.want_start = (uintptr_t)p;
+		g_sy.want_end = (uintptr_t)p + LEN;
+		CHECK(munmap(p, LEN) == 0, "munmap");
+		CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+	}
+	CHECK(!g_sy.reported && st.queued == st0.queued &&
+	      st.unpinned > st0.unpinned,
+	      "a mapping with no page: reported %d queued %llu unpinned +%llu",
+	      g_sy.reported, (unsigned long long)(st.queued - st0.queued),
+	      (unsigned long long)(st.unpinned - st0.unpinned));
+	p = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		 -1, 0);
+	CHECK(p != MAP_FAILED, "mmap");
+	p[LEN - 1] = 1;		/* the last page only: the walk finds it */
+	g_sy.want_start = (uintptr_t)p;
+	g_sy.want_end = (uintptr_t)p + LEN;
+	CHECK(sy_stats(&st0) == 0, "SYNC_STATS");
+	CHECK(munmap(p, LEN) == 0, "munmap");
+	CHECK(g_sy.reported, "a mapping with one page touched: not reported");
+	CHECK(sy_stats(&st) == 0 && st.queued == st0.queued + 1 &&
+	      st.signalled == st0.signalled + 1,
+	      "queued +%llu signalled +%llu",
+	      (unsigned long long)(st.queued - st0.queued),
+	      (unsigned long long)(st.signalled - st0.signalled));
+	sy_stop_dispatcher();
+	return 0;
+}
+
+/*
+ * KREG_NF_SYNC_UNPINNED: a write fault that breaks copy-on-write (a page
+ * still shared with a fork child) replaces the page but is no unmap: UCM's
+ * hooks never reported one, and it queues nothing.
+ */
+static int t_sync_unpinned_no_report_cow(void)
+{
+	struct kreg_nf_sync_stats st0, st;
+	int go[2], status;
+	char *p;
+	pid_t pid;
+
+	g_sy_start_flags = KREG_NF_SYNC_UNPINNED;
+	CHECK(sy_start(SY_SIGNO, 10000, true) == 0, "SYNC_START");
+	p = anon(LEN);
+	CHECK(p && pipe(go) == 0, "anon, pipe");
+	pid = fork();
+	if (pid == 0) {
+		char c;
+
+		_exit(read(go[0], &c, 1) == 1 ? 0 : 3);
+	}
+	CHECK(pid > 0, "fork");
+	/* the STATS' own writes to pages shared since fork, before */
+	for (int i = 0; i < 2; i++)
+		CHECK(sy_stats(&st0) == 0 && sy_stats(&st) == 0, "SYNC_STATS");
+	CHECK(sy_stats(&st0) == 0, "SYNC_STATS");
+	for (size_t off = 0; off < LEN; off += 4096)
+		p[off] = 1;	/* every page copied from the child's */
+	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+	CHECK(write(go[1], "x", 1) == 1 && waitpid(pid, &status, 0) == pid &&
+	      WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child");
+	CHECK(st.queued == st0.queued,
+	      "copy-on-write faults queued %llu changes",
+	      (unsigned long long)(st.queued - st0.queued));
+	g_sy.want_start = (uintptr_t)p;
+	g_sy.want_end = (uintptr_t)p + LEN;
+	CHECK(munmap(p, LEN) == 0 && g_sy.reported,
+	      "the munmap after them: not reported");
+	sy_stop_dispatcher();
+	return 0;
+}
+
+/*
+ * KREG_NF_SYNC_UNPINNED: mlock and munlock of one page inside a huge page
+ * split it (an invalidation of its 2 MiB, every page kept): not an unmap,
+ * nothing queued. A munmap of a page of it afterwards is reported.
+ */
+static int t_sync_unpinned_no_report_mlock_split(void)
+{
+	const size_t huge = 2UL << 20;
+	struct kreg_nf_sync_stats st0, st;
+	char line[256], *raw, *q;
+	long anon_huge = 0;
+	FILE *f;
+
+	g_sy_start_flags = KREG_NF_SYNC_UNPINNED;
+	CHECK(sy_start(SY_SIGNO, 10000, true) == 0, "SYNC_START");
+	raw = mmap(NULL, 2 * huge, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(raw != MAP_FAILED, "mmap");
+	q = (char *)(((uintptr_t)raw + huge - 1) & ~(huge - 1));
+	madvise(q, huge, MADV_HUGEPAGE);
+	memset(q, 1, huge);
+	f = fopen("/proc/self/smaps_rollup", "r");
+	while (f && fgets(line, sizeof(line), f))
+		sscanf(line, "AnonHugePages: %ld", &anon_huge);
+	if (f)
+		fclose(f);
+	if (anon_huge < 2048)
+		return skip("no transparent huge page (AnonHugePages %ld kB)",
+			    anon_huge);
+	for (int i = 0; i < 2; i++)
+		CHECK(sy_stats(&st0) == 0 && sy_stats(&st) == 0, "SYNC_STATS");
+	CHECK(sy_stats(&st0) == 0, "SYNC_STATS");
+	CHECK(mlock(q + 4096, 4096) == 0 && munlock(q + 4096, 4096) == 0,
+	      "mlock, munlock");
+	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+	CHECK(st.queued == st0.queued, "mlock's huge page split queued %llu",
+	      (unsigned long long)(st.queued - st0.queued));
+	g_sy.want_start = (uintptr_t)q + 8192;
+	g_sy.want_end = (uintptr_t)q + 3 * 4096;
+	CHECK(munmap(q + 8192, 4096) == 0 && g_sy.reported,
+	      "a munmap of one of its pages: not reported");
 	sy_stop_dispatcher();
 	return 0;
 }
@@ -414,7 +578,8 @@ static int t_sync_bad_args(void)
 		{ .signo = 65, .gate_timeout_ms = 10, .handler = 1 },
 		{ .signo = SY_SIGNO, .gate_timeout_ms = 0, .handler = 1 },
 		{ .signo = SY_SIGNO, .gate_timeout_ms = 60001, .handler = 1 },
-		{ .signo = SY_SIGNO, .gate_timeout_ms = 10, .flags = 1, .handler = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 10, .flags = 2, .handler = 1 },
+		{ .signo = SY_SIGNO, .gate_timeout_ms = 10, .flags = 1U << 31, .handler = 1 },
 		{ .signo = SY_SIGNO, .gate_timeout_ms = 10, .reserved = 1, .handler = 1 },
 		{ .signo = SY_SIGNO, .gate_timeout_ms = 10 },	/* no handler */
 		{ .signo = 0, .gate_timeout_ms = 10, .handler = 1 },
@@ -494,19 +659,38 @@ static int t_sync_bad_args(void)
 
 
 const struct nf_test nf_tests_sync[] = {
-	SYNC("sync-munmap", sy_ch_munmap, true, true, "munmap"),
+	SYNC("sync-munmap", sy_ch_munmap, true, true, "munmap", 0),
 	SYNC("sync-raw-munmap", sy_ch_raw_munmap, true, true,
-	     "syscall(SYS_munmap)"),
+	     "syscall(SYS_munmap)", 0),
 	SYNC("sync-madvise-dontneed", sy_ch_dontneed, true, true,
-	     "MADV_DONTNEED"),
+	     "MADV_DONTNEED", 0),
 	SYNC("sync-map-fixed-over", sy_ch_map_fixed, true, true,
-	     "mmap MAP_FIXED over"),
+	     "mmap MAP_FIXED over", 0),
 	SYNC("sync-mremap-fixed", sy_ch_mremap, true, true,
-	     "mremap MREMAP_FIXED"),
+	     "mremap MREMAP_FIXED", 0),
 	SYNC("sync-no-report-mprotect", sy_ch_mprotect, true, false,
-	     "mprotect"),
+	     "mprotect", 0),
 	SYNC("sync-no-report-unpinned", sy_ch_munmap, false, false,
-	     "munmap of memory never pinned"),
+	     "munmap of memory never pinned", 0),
+	SYNC("sync-unpinned-munmap", sy_ch_munmap, false, true, "munmap",
+	     KREG_NF_SYNC_UNPINNED),
+	SYNC("sync-unpinned-raw-munmap", sy_ch_raw_munmap, false, true,
+	     "syscall(SYS_munmap)", KREG_NF_SYNC_UNPINNED),
+	SYNC("sync-unpinned-madvise-dontneed", sy_ch_dontneed, false, true,
+	     "MADV_DONTNEED", KREG_NF_SYNC_UNPINNED),
+	SYNC("sync-unpinned-map-fixed-over", sy_ch_map_fixed, false, true,
+	     "mmap MAP_FIXED over", KREG_NF_SYNC_UNPINNED),
+	SYNC("sync-unpinned-mremap-fixed", sy_ch_mremap, false, true,
+	     "mremap MREMAP_FIXED", KREG_NF_SYNC_UNPINNED),
+	SYNC("sync-unpinned-no-report-mprotect", sy_ch_mprotect, false, false,
+	     "mprotect", KREG_NF_SYNC_UNPINNED),
+	{ "sync-unpinned-untouched", t_sync_unpinned_untouched, NULL, NULL },
+	{ "sync-unpinned-no-report-cow", t_sync_unpinned_no_report_cow, NULL,
+	  NULL },
+	{ "sync-unpinned-no-report-mlock-split",
+	  t_sync_unpinned_no_report_mlock_split, NULL, NULL },
+	{ "sync-unpinned-io-uring-madvise", t_sync_unpinned_io_uring_madvise,
+	  NULL, NULL },
 	{ "sync-other-thread-held", t_sync_other_thread_held, NULL, NULL },
 	{ "sync-blocked-signal", t_sync_blocked_signal, NULL, NULL },
 	{ "sync-handler-held", t_sync_handler_held, NULL, NULL },
