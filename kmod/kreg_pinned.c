@@ -82,3 +82,80 @@ bool kreg_range_pinned(struct mm_struct *mm, unsigned long addr,
 	local_irq_restore(flags);
 	return pinned;
 }
+
+/*
+ * The PMD entry that maps addr in mm, read as kreg_range_pinned() reads
+ * them (same callers, same rules; interrupts off by the caller); false
+ * where a level above it is absent or a leaf.
+ */
+static bool kreg_pmd_of(struct mm_struct *mm, unsigned long addr, pmd_t *out)
+{
+	pgd_t pgd = READ_ONCE(*pgd_offset(mm, addr));
+	p4d_t p4d;
+	pud_t pud;
+
+	if (pgd_none(pgd) || pgd_bad(pgd))
+		return false;
+	p4d = READ_ONCE(*p4d_offset(&pgd, addr));
+	if (p4d_none(p4d) || p4d_bad(p4d))
+		return false;
+	pud = READ_ONCE(*pud_offset(&p4d, addr));
+	if (pud_none(pud) || !pud_present(pud) || pud_leaf(pud) ||
+	    pud_bad(pud))
+		return false;
+	*out = READ_ONCE(*pmd_offset(&pud, addr));
+	return true;
+}
+
+/*
+ * Huge page splits. Splitting a PMD mapping into a page table (mlock,
+ * mprotect, munmap or madvise of part of a transparent huge page) is an
+ * invalidation of the whole PMD_SIZE range that keeps every page where it
+ * was: reported, it would invalidate every registration around the part
+ * that changed (UCS's test_rcache, 6 threads sharing one VMA: 1 of 12
+ * runs). kreg_split_candidate() at the start of an invalidation of
+ * exactly one PMD-mapped range gives the first pfn it maps (else 0);
+ * kreg_split_kept() at its end says whether a page table now maps that
+ * pfn, pfn + 1, ... in turn, i.e. nothing changed. A zap leaves the PMD
+ * empty or other pages mapped.
+ */
+unsigned long kreg_split_candidate(struct mm_struct *mm, unsigned long start,
+				   unsigned long end)
+{
+	unsigned long flags, pfn = 0;
+	pmd_t pmd;
+
+	if (!IS_ENABLED(CONFIG_TRANSPARENT_HUGEPAGE) ||
+	    end - start != PMD_SIZE || (start & ~PMD_MASK))
+		return 0;
+	local_irq_save(flags);
+	if (kreg_pmd_of(mm, start, &pmd) && pmd_present(pmd) && pmd_leaf(pmd))
+		pfn = pmd_pfn(pmd);
+	local_irq_restore(flags);
+	return pfn;
+}
+
+bool kreg_split_kept(struct mm_struct *mm, unsigned long start,
+		     unsigned long pfn)
+{
+	unsigned long flags, i;
+	bool kept = false;
+	pte_t *ptep;
+	pmd_t pmd;
+
+	local_irq_save(flags);
+	if (!kreg_pmd_of(mm, start, &pmd) || pmd_none(pmd) ||
+	    !pmd_present(pmd) || pmd_leaf(pmd) || pmd_bad(pmd))
+		goto out;
+	ptep = pte_offset_kernel(&pmd, start);
+	for (i = 0; i < PTRS_PER_PTE; i++, ptep++) {
+		pte_t pte = READ_ONCE(*ptep);
+
+		if (!pte_present(pte) || pte_pfn(pte) != pfn + i)
+			goto out;
+	}
+	kept = true;
+out:
+	local_irq_restore(flags);
+	return kept;
+}

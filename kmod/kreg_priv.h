@@ -192,15 +192,17 @@ enum kreg_sync_stat {		/* the fields of struct kreg_nf_sync_stats */
 /* A queued change: its range and what acknowledges it. */
 struct kreg_sync_ent {
 	u64 start;
-	u64 end;
+	u64 end;	/* == start: a huge page split, nothing to report */
 	u64 seq;
 	u32 pending;	/* invalidations merged in that have not ended yet */
+	bool merged;	/* a full queue widened it */
 };
 
 /* An invalidation in flight, from its start callback to its end. */
 struct kreg_sync_inflight {
 	const struct mmu_notifier_range *range;	/* compared only */
 	u32 idx;				/* its entry in q[] */
+	unsigned long split_pfn;	/* kreg_split_candidate() */
 };
 
 /*
@@ -274,6 +276,10 @@ void kreg_signal_release(struct pid *owner, int signo, unsigned long handler);
 /* kreg_pinned.c */
 bool kreg_range_pinned(struct mm_struct *mm, unsigned long addr,
 		       unsigned long end, bool any);
+unsigned long kreg_split_candidate(struct mm_struct *mm, unsigned long start,
+				   unsigned long end);
+bool kreg_split_kept(struct mm_struct *mm, unsigned long start,
+		     unsigned long pfn);
 
 /* kreg_file.c */
 extern const struct file_operations kreg_fops;

@@ -352,6 +352,77 @@ static int t_sync_unpinned_no_report_cow(void)
 	return 0;
 }
 
+#define SY_HUGE (2UL << 20)
+
+/* A transparent huge page, 2 MiB aligned, populated; NULL: skip (printed) */
+static char *sy_huge_page(void)
+{
+	char line[256], *raw, *q;
+	long anon_huge = 0;
+	FILE *f;
+
+	raw = mmap(NULL, 2 * SY_HUGE, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (raw == MAP_FAILED)
+		return NULL;
+	q = (char *)(((uintptr_t)raw + SY_HUGE - 1) & ~(SY_HUGE - 1));
+	madvise(q, SY_HUGE, MADV_HUGEPAGE);
+	memset(q, 1, SY_HUGE);
+	f = fopen("/proc/self/smaps_rollup", "r");
+	while (f && fgets(line, sizeof(line), f))
+		sscanf(line, "AnonHugePages: %ld", &anon_huge);
+	if (f)
+		fclose(f);
+	if (anon_huge < 2048) {
+		skip("no transparent huge page (AnonHugePages %ld kB)", anon_huge);
+		return NULL;
+	}
+	return q;
+}
+
+/*
+ * A munmap of one page of a huge page splits it first (an invalidation of
+ * the whole 2 MiB that keeps every page): only the page unmapped is
+ * reported, not its neighbours, whose registrations stay valid. Pinned (the
+ * huge page is a registration's), or not with KREG_NF_SYNC_UNPINNED.
+ */
+static int sy_split_keeps_neighbours(bool pinned)
+{
+	char *q;
+	int rc;
+
+	g_sy_start_flags = pinned ? 0 : KREG_NF_SYNC_UNPINNED;
+	CHECK(sy_start(SY_SIGNO, 10000, true) == 0, "SYNC_START");
+	q = sy_huge_page();
+	if (!q)
+		return 77;
+	if (pinned) {
+		rc = pin(q, SY_HUGE);
+		if (rc)
+			return rc;
+	}
+	g_sy.want_start = (uintptr_t)q;		/* the first page: kept */
+	g_sy.want_end = (uintptr_t)q + 4096;
+	g_sy.want2_start = (uintptr_t)q + SY_HUGE / 2;	/* unmapped */
+	g_sy.want2_end = (uintptr_t)q + SY_HUGE / 2 + 4096;
+	CHECK(munmap(q + SY_HUGE / 2, 4096) == 0, "munmap of one page");
+	CHECK(g_sy.reported2, "the page unmapped: not reported");
+	CHECK(!g_sy.reported,
+	      "the split reported the huge page's other pages too");
+	sy_stop_dispatcher();
+	return 0;
+}
+
+static int t_sync_split_keeps_neighbours(void)
+{
+	return sy_split_keeps_neighbours(true);
+}
+
+static int t_sync_unpinned_split_keeps_neighbours(void)
+{
+	return sy_split_keeps_neighbours(false);
+}
+
 /*
  * KREG_NF_SYNC_UNPINNED: mlock and munlock of one page inside a huge page
  * split it (an invalidation of its 2 MiB, every page kept): not an unmap,
@@ -359,28 +430,14 @@ static int t_sync_unpinned_no_report_cow(void)
  */
 static int t_sync_unpinned_no_report_mlock_split(void)
 {
-	const size_t huge = 2UL << 20;
 	struct kreg_nf_sync_stats st0, st;
-	char line[256], *raw, *q;
-	long anon_huge = 0;
-	FILE *f;
+	char *q;
 
 	g_sy_start_flags = KREG_NF_SYNC_UNPINNED;
 	CHECK(sy_start(SY_SIGNO, 10000, true) == 0, "SYNC_START");
-	raw = mmap(NULL, 2 * huge, PROT_READ | PROT_WRITE,
-		   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	CHECK(raw != MAP_FAILED, "mmap");
-	q = (char *)(((uintptr_t)raw + huge - 1) & ~(huge - 1));
-	madvise(q, huge, MADV_HUGEPAGE);
-	memset(q, 1, huge);
-	f = fopen("/proc/self/smaps_rollup", "r");
-	while (f && fgets(line, sizeof(line), f))
-		sscanf(line, "AnonHugePages: %ld", &anon_huge);
-	if (f)
-		fclose(f);
-	if (anon_huge < 2048)
-		return skip("no transparent huge page (AnonHugePages %ld kB)",
-			    anon_huge);
+	q = sy_huge_page();
+	if (!q)
+		return 77;
 	for (int i = 0; i < 2; i++)
 		CHECK(sy_stats(&st0) == 0 && sy_stats(&st) == 0, "SYNC_STATS");
 	CHECK(sy_stats(&st0) == 0, "SYNC_STATS");
@@ -689,6 +746,10 @@ const struct nf_test nf_tests_sync[] = {
 	  NULL },
 	{ "sync-unpinned-no-report-mlock-split",
 	  t_sync_unpinned_no_report_mlock_split, NULL, NULL },
+	{ "sync-split-keeps-neighbours", t_sync_split_keeps_neighbours, NULL,
+	  NULL },
+	{ "sync-unpinned-split-keeps-neighbours",
+	  t_sync_unpinned_split_keeps_neighbours, NULL, NULL },
 	{ "sync-unpinned-io-uring-madvise", t_sync_unpinned_io_uring_madvise,
 	  NULL, NULL },
 	{ "sync-other-thread-held", t_sync_other_thread_held, NULL, NULL },
