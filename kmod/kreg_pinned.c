@@ -108,16 +108,44 @@ static bool kreg_pmd_of(struct mm_struct *mm, unsigned long addr, pmd_t *out)
 }
 
 /*
+ * The first pfn of a page table whose entries all map pfn, pfn + 1, ... in
+ * turn (a huge page mapped by a page table), else 0. Interrupts off.
+ */
+static unsigned long kreg_table_run(pmd_t pmd, unsigned long start)
+{
+	unsigned long pfn = 0, i;
+	pte_t *ptep;
+
+	if (pmd_none(pmd) || !pmd_present(pmd) || pmd_leaf(pmd) ||
+	    pmd_bad(pmd))
+		return 0;
+	ptep = pte_offset_kernel(&pmd, start);
+	for (i = 0; i < PTRS_PER_PTE; i++, ptep++) {
+		pte_t pte = READ_ONCE(*ptep);
+
+		if (!pte_present(pte) || pte_special(pte) ||
+		    (i && pte_pfn(pte) != pfn + i))
+			return 0;
+		if (!i)
+			pfn = pte_pfn(pte);
+	}
+	return pfn;
+}
+
+/*
  * Huge page splits. Splitting a PMD mapping into a page table (mlock,
  * mprotect, munmap or madvise of part of a transparent huge page) is an
  * invalidation of the whole PMD_SIZE range that keeps every page where it
  * was: reported, it would invalidate every registration around the part
  * that changed (UCS's test_rcache, 6 threads sharing one VMA: 1 of 12
- * runs). kreg_split_candidate() at the start of an invalidation of
- * exactly one PMD-mapped range gives the first pfn it maps (else 0);
- * kreg_split_kept() at its end says whether a page table now maps that
- * pfn, pfn + 1, ... in turn, i.e. nothing changed. A zap leaves the PMD
- * empty or other pages mapped.
+ * runs). So is the same call where the PMD was split already: 6.1 splits
+ * at every VMA boundary made inside a PMD range without looking (its
+ * split_huge_pmd_address()), an invalidation that changes nothing.
+ * kreg_split_candidate() at the start of an invalidation of exactly one
+ * PMD range gives the first pfn of a huge page it maps, by a PMD or by a
+ * page table in turn (else 0); kreg_split_kept() at its end says whether a
+ * page table now maps that pfn, pfn + 1, ... in turn, i.e. nothing
+ * changed. A zap leaves the PMD empty, entries empty or other pages.
  */
 unsigned long kreg_split_candidate(struct mm_struct *mm, unsigned long start,
 				   unsigned long end)
@@ -129,8 +157,9 @@ unsigned long kreg_split_candidate(struct mm_struct *mm, unsigned long start,
 	    end - start != PMD_SIZE || (start & ~PMD_MASK))
 		return 0;
 	local_irq_save(flags);
-	if (kreg_pmd_of(mm, start, &pmd) && pmd_present(pmd) && pmd_leaf(pmd))
-		pfn = pmd_pfn(pmd);
+	if (kreg_pmd_of(mm, start, &pmd))
+		pfn = pmd_present(pmd) && pmd_leaf(pmd) ? pmd_pfn(pmd) :
+			kreg_table_run(pmd, start);
 	local_irq_restore(flags);
 	return pfn;
 }
@@ -138,24 +167,13 @@ unsigned long kreg_split_candidate(struct mm_struct *mm, unsigned long start,
 bool kreg_split_kept(struct mm_struct *mm, unsigned long start,
 		     unsigned long pfn)
 {
-	unsigned long flags, i;
+	unsigned long flags;
 	bool kept = false;
-	pte_t *ptep;
 	pmd_t pmd;
 
 	local_irq_save(flags);
-	if (!kreg_pmd_of(mm, start, &pmd) || pmd_none(pmd) ||
-	    !pmd_present(pmd) || pmd_leaf(pmd) || pmd_bad(pmd))
-		goto out;
-	ptep = pte_offset_kernel(&pmd, start);
-	for (i = 0; i < PTRS_PER_PTE; i++, ptep++) {
-		pte_t pte = READ_ONCE(*ptep);
-
-		if (!pte_present(pte) || pte_pfn(pte) != pfn + i)
-			goto out;
-	}
-	kept = true;
-out:
+	if (kreg_pmd_of(mm, start, &pmd))
+		kept = kreg_table_run(pmd, start) == pfn;
 	local_irq_restore(flags);
 	return kept;
 }

@@ -124,16 +124,20 @@ static void kreg_sync_queue(struct kreg_sync *s,
 }
 
 /*
- * Whether current is in a system call that may take pages away, for
- * KREG_NF_SYNC_UNPINNED. Not a fault (a copy-on-write break), and not the
- * calls that only lock or protect pages: where a VMA boundary they make
- * falls inside a huge page they split it, an invalidation of its 2 MiB
- * that keeps every page (emptied at its end, see kreg_split_kept(), but
- * the signal would be paid: UCS's test_rcache splits at every
- * registration). UCM's hooks report none of these either. A 32-bit
- * caller's numbers are another table: all count.
+ * Whether range is current's own unmap, for KREG_NF_SYNC_UNPINNED: made in
+ * a system call (not a fault's copy-on-write break), and not one of the
+ * calls that only lock or protect pages (where a VMA boundary they make
+ * falls inside a huge page they split it: an invalidation of its 2 MiB
+ * that keeps every page, and the signal would be paid for nothing). The
+ * calls that unmap (munmap, mremap, mmap over, brk, shmdt) take pages
+ * away in MMU_NOTIFY_UNMAP; a MMU_NOTIFY_CLEAR in them is such a split
+ * at the boundary, which 6.1 invalidates whether the PMD is huge or not
+ * (split_huge_pmd_address()): reported, it invalidated the live
+ * registrations around it (UCS's test_rcache merge/mt_6, 1 in 8 runs).
+ * UCM's hooks report none of these either. A 32-bit caller's numbers are
+ * another table: everything counts.
  */
-static bool kreg_syscall_may_unmap(void)
+static bool kreg_own_unmap(const struct mmu_notifier_range *range)
 {
 	int nr = syscall_get_nr(current, task_pt_regs(current));
 
@@ -154,6 +158,16 @@ static bool kreg_syscall_may_unmap(void)
 	case __NR_pkey_mprotect:
 #endif
 		return false;
+	case __NR_munmap:
+	case __NR_mremap:
+	case __NR_brk:
+#ifdef __NR_mmap
+	case __NR_mmap:
+#endif
+#ifdef __NR_shmdt
+	case __NR_shmdt:
+#endif
+		return range->event == MMU_NOTIFY_UNMAP;
 	default:
 		return true;
 	}
@@ -191,11 +205,16 @@ static int kreg_sync_range_start(struct mmu_notifier *mn,
 	 * its threads, a vfork child or an io_uring worker, as UCM's hooks
 	 * see them. Not a fault's copy-on-write break (the hooks never
 	 * reported one, and after fork every first write would cost the
-	 * signal; one in a handler could only wait for the reader), nor
-	 * another process's or a kernel thread's change.
+	 * signal; one in a handler could only wait for the reader), not
+	 * reclaim's or compaction's work done in the thread's system call
+	 * (PF_MEMALLOC: swap-out, migration, the split of a huge page
+	 * partly unmapped earlier, which keeps every page: 2 MiB reported
+	 * around live registrations), nor another process's or a kernel
+	 * thread's change.
 	 */
-	if (s->unpinned && current->mm == mm && !(current->flags & PF_KTHREAD) &&
-	    kreg_syscall_may_unmap())
+	if (s->unpinned && current->mm == mm &&
+	    !(current->flags & (PF_KTHREAD | PF_MEMALLOC)) &&
+	    kreg_own_unmap(range))
 		wanted = kreg_range_pinned(mm, range->start, range->end, true);
 	else
 		wanted = atomic64_read(&mm->pinned_vm) &&

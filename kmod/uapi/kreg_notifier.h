@@ -194,9 +194,10 @@ struct kreg_nf_event {
  *
  * DRAIN hands out every queued range not yet acknowledged whose change has
  * ended (its pages are gone; it waits for the ones being zapped), oldest
- * first, and returns seq (a change that turned out to be a huge page split,
- * every page kept, is acknowledged with the others but never handed out); once the caller has reported them
- * (ucm_vm_munmap()), it passes seq as ack to its next DRAIN: that releases
+ * first, and returns seq (a change that turned out to be a huge page
+ * split, every page kept, is acknowledged with the others but never handed
+ * out); once the caller has reported them (ucm_vm_munmap()), it passes seq
+ * as ack to its next DRAIN: that releases
  * every gate waiting for those ranges. Several threads may DRAIN at once;
  * each gets every range not yet acknowledged, so each acknowledges only
  * what it reported itself. A full queue widens its newest range.

@@ -413,6 +413,36 @@ static int sy_split_keeps_neighbours(bool pinned)
 	return 0;
 }
 
+/*
+ * KREG_NF_SYNC_UNPINNED, small pages: a munmap of one page inside a 2 MiB
+ * range of a larger mapping splits the VMA there, which 6.1 announces as
+ * an invalidation of the whole 2 MiB (a huge page split that finds none):
+ * only the page unmapped is reported, not a neighbour.
+ */
+static int t_sync_unpinned_munmap_keeps_neighbours(void)
+{
+	char *raw, *q;
+
+	g_sy_start_flags = KREG_NF_SYNC_UNPINNED;
+	CHECK(sy_start(SY_SIGNO, 10000, true) == 0, "SYNC_START");
+	raw = mmap(NULL, 3 * SY_HUGE, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(raw != MAP_FAILED, "mmap");
+	CHECK(madvise(raw, 3 * SY_HUGE, MADV_NOHUGEPAGE) == 0, "MADV_NOHUGEPAGE");
+	q = (char *)(((uintptr_t)raw + SY_HUGE - 1) & ~(SY_HUGE - 1));
+	q[0] = 1;			/* a neighbour: kept */
+	q[SY_HUGE / 2] = 1;		/* the page unmapped */
+	g_sy.want_start = (uintptr_t)q;
+	g_sy.want_end = (uintptr_t)q + 4096;
+	g_sy.want2_start = (uintptr_t)q + SY_HUGE / 2;
+	g_sy.want2_end = (uintptr_t)q + SY_HUGE / 2 + 4096;
+	CHECK(munmap(q + SY_HUGE / 2, 4096) == 0, "munmap of one page");
+	CHECK(g_sy.reported2, "the page unmapped: not reported");
+	CHECK(!g_sy.reported, "a neighbour in the same 2 MiB was reported too");
+	sy_stop_dispatcher();
+	return 0;
+}
+
 static int t_sync_split_keeps_neighbours(void)
 {
 	return sy_split_keeps_neighbours(true);
@@ -750,6 +780,8 @@ const struct nf_test nf_tests_sync[] = {
 	  NULL },
 	{ "sync-unpinned-split-keeps-neighbours",
 	  t_sync_unpinned_split_keeps_neighbours, NULL, NULL },
+	{ "sync-unpinned-munmap-keeps-neighbours",
+	  t_sync_unpinned_munmap_keeps_neighbours, NULL, NULL },
 	{ "sync-unpinned-io-uring-madvise", t_sync_unpinned_io_uring_madvise,
 	  NULL, NULL },
 	{ "sync-other-thread-held", t_sync_other_thread_held, NULL, NULL },
