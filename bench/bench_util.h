@@ -165,6 +165,8 @@ using kreg_tools::env_change;
  *   default         the kernel source as a user gets it: nothing set
  *   plain           the default backend in plain mode (measurements only)
  *   uffd, uffd-plain, notifier, notifier-plain   one backend, one mode
+ *   sync, sync_unpinned  UCX's own cache fed by synchronous delivery (the
+ *                   second with UCX_KREG_SYNC_UNPINNED=y: every unmap reported)
  *   sync_user       UCX's defaults with UCM_EVENT_VM_UNMAPPED external and
  *                   no source of ours: the benchmark reports its own unmaps
  *                   from a signal handler (kreg_bench's P3, any machine)
@@ -178,12 +180,16 @@ inline std::vector<env_change> env_for(const std::string &name)
 {
     std::vector<env_change> env = {{"UCX_KREG_BACKEND", std::nullopt},
                                   {"UCX_KREG_MODE", std::nullopt},
-                                  {"UCX_KREG_SYNC", std::nullopt}};
-    if (name == "sync") {
+                                  {"UCX_KREG_SYNC", std::nullopt},
+                                  {"UCX_KREG_SYNC_UNPINNED", std::nullopt}};
+    if ((name == "sync") || (name == "sync_unpinned")) {
         /* UCX's own cache as a stock transport's, fed by synchronous
          * delivery; UCX's UCM settings as a user has them */
         env[0].second = "notifier";
         env[2].second = "y";
+        if (name == "sync_unpinned") {
+            env[3].second = "y"; /* every unmap of this process's own */
+        }
         env.push_back({"UCX_MEM_MALLOC_HOOKS", std::nullopt});
         env.push_back({"UCX_MEM_MMAP_HOOK_MODE", std::nullopt});
         return env;
@@ -310,7 +316,8 @@ inline bool kernel_start(const std::string &config)
     const bool want_plain     = config.find("plain") != std::string::npos;
     const bool backend_ok     = (config.rfind("uffd", 0) == 0) ? backend == "uffd" :
                                 (config.rfind("notifier", 0) == 0) ? backend == "notifier" :
-                                (config == "sync") ? caps.sync_delivery :
+                                ((config == "sync") || (config == "sync_unpinned")) ?
+                                        caps.sync_delivery :
                                 caps.running;
     if (!caps.running || !caps.external_event || !backend_ok ||
         (want_plain != (mode == "plain"))) {

@@ -158,13 +158,14 @@ std::vector<figure> figures(const std::vector<std::string> &cfgs, bool with_p1)
         for (const char *w : {"malloc_free_300k", "malloc_touch_free_300k",
                               "mmap_munmap_4k", "mmap_munmap_1m"}) {
             for (const std::string &cfg : cfgs) {
-                if ((cfg != "default") && (cfg != "hooks") && (cfg != "sync")) {
+                const bool sync = (cfg == "sync") || (cfg == "sync_unpinned");
+                if ((cfg != "default") && (cfg != "hooks") && !sync) {
                     continue;
                 }
                 figs.push_back({"P1", std::string("P1.") + w, cfg, "no_ucx",
                                 std::string("P1.") + w,
                                 std::string(w) + "." + cfg + "/no_ucx"});
-                if (cfg == "sync") {
+                if (sync) {
                     /* what the issue asks of it: against the hooks */
                     figs.push_back({"P1", std::string("P1.") + w, cfg, "hooks",
                                     std::string("P1.") + w,
@@ -190,14 +191,15 @@ std::vector<figure> figures(const std::vector<std::string> &cfgs, bool with_p1)
         }
     }
     for (const std::string &cfg : cfgs) {
-        if ((cfg == "default") || (cfg == "uffd") || (cfg == "sync") ||
-            (cfg == "sync_user")) {
+        const bool sync = (cfg == "sync") || (cfg == "sync_unpinned") ||
+                          (cfg == "sync_user");
+        if ((cfg == "default") || (cfg == "uffd") || sync) {
             for (const char *k : {"munmap_1m", "munmap_1m_to_rcache"}) {
                 figs.push_back({"P3", std::string("P3.") + k, cfg, "hooks",
                                 std::string("P3.") + k,
                                 std::string(k) + "." + cfg + "/hooks"});
             }
-            if ((cfg == "sync") || (cfg == "sync_user")) {
+            if (sync) {
                 continue; /* no watch of ours: no P4 */
             }
             figs.push_back({"P4", "P4.miss_64k_watch", cfg, cfg, "P4.miss_64k_nowatch",
@@ -272,6 +274,8 @@ int parent(int reps)
     if (notifier_is_default()) {
         cfgs.push_back("uffd");
         cfgs.push_back("sync"); /* UCX's own cache, synchronous delivery */
+        /* the same reporting every unmap (UCX_KREG_SYNC_UNPINNED=y) */
+        cfgs.push_back("sync_unpinned");
     }
     std::vector<run_timings> runs;
     std::string backend_line;

@@ -523,7 +523,8 @@ int child(const std::string &config)
         return 3;
     }
     /* sync: UCX's own cache, no watch of ours, no check at its hits */
-    const bool stock_cache = (config == "sync") || (config == "sync_user");
+    const bool stock_cache = (config == "sync") || (config == "sync_unpinned") ||
+                             (config == "sync_user");
     bench_cache c;
     if (!cache_create(&c, kernel && !stock_cache, "kreg_bench")) {
         if (kernel) {
@@ -533,7 +534,8 @@ int child(const std::string &config)
     }
     const bool full = (config == "hooks") || (config == "default") || (config == "uffd") ||
                       stock_cache;
-    if (((config == "hooks") || (config == "default") || (config == "sync")) &&
+    if (((config == "hooks") || (config == "default") || (config == "sync") ||
+         (config == "sync_unpinned")) &&
         !g_p2p4_only) {
         measure_unregistered();
     }
