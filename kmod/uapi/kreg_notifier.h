@@ -295,7 +295,7 @@ struct kreg_nf_sync_stats {
 	__u64 inflight_full;
 	/*
 	 * threads held at a return from an interrupt or exception that went
-	 * on while a report was under way for 10 ms without an end (they may
+	 * on while a report was under way for 50 ms without an end (they may
 	 * hold a lock the report needs; their next system call is not held)
 	 */
 	__u64 irq_releases;

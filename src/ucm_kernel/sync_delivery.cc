@@ -239,7 +239,7 @@ void sync_drain()
          "made meanwhile could have pinned the old pages"},
         {st.irq_releases, 16, true, "changed while a thread stopped at an "
          "interrupt held up its report (a lock UCX's report needs): that "
-         "thread went on after 10 ms, and its next system call was not held"},
+         "thread went on after 50 ms, and its next system call was not held"},
     };
     for (const once &o : said) {
         if ((o.count != 0) && !(g_warned.fetch_or(o.bit) & o.bit) &&
