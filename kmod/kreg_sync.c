@@ -207,10 +207,9 @@ static int kreg_sync_range_start(struct mmu_notifier *mn,
 	 * reported one, and after fork every first write would cost the
 	 * signal; one in a handler could only wait for the reader), not
 	 * reclaim's or compaction's work done in the thread's system call
-	 * (PF_MEMALLOC: swap-out, migration, the split of a huge page
-	 * partly unmapped earlier, which keeps every page: 2 MiB reported
-	 * around live registrations), nor another process's or a kernel
-	 * thread's change.
+	 * (PF_MEMALLOC: swap-out, migration, the deferred split of a huge
+	 * page partly unmapped earlier; UCM never saw them either), nor
+	 * another process's or a kernel thread's change.
 	 */
 	if (s->unpinned && current->mm == mm &&
 	    !(current->flags & (PF_KTHREAD | PF_MEMALLOC)) &&
