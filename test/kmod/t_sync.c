@@ -26,6 +26,15 @@ static int sy_ch_mremap(char *p)
 
 static int sy_ch_mprotect(char *p) { return mprotect(p, LEN, PROT_READ); }
 
+/* raw syscall: glibc 2.36's mremap() mishandles MREMAP_DONTUNMAP */
+static int sy_ch_mremap_dontunmap(char *p)
+{
+	long r = syscall(SYS_mremap, p, LEN, LEN,
+			 MREMAP_MAYMOVE | MREMAP_DONTUNMAP, NULL);
+
+	return r != -1 && (char *)r != p ? 0 : -1;
+}
+
 /*
  * One change in this thread: with pinned pages it is reported by this
  * thread's handler before the call returns; mprotect and memory never
@@ -261,6 +270,29 @@ static int t_sync_io_uring_madvise(void) { return sy_io_uring_madvise(true); }
 static int t_sync_unpinned_io_uring_madvise(void)
 {
 	return sy_io_uring_madvise(false);
+}
+
+/*
+ * KREG_NF_SYNC_UNPINNED: the process's own ftruncate of a memfd it maps
+ * (shared memory between ranks) takes the pages: reported before it
+ * returns.
+ */
+static int t_sync_unpinned_own_truncate(void)
+{
+	int mfd;
+	char *p;
+
+	g_sy_start_flags = KREG_NF_SYNC_UNPINNED;
+	CHECK(sy_start(SY_SIGNO, 10000, true) == 0, "SYNC_START");
+	mfd = memfd_of(LEN);
+	CHECK(mfd >= 0 && (p = map_shared(mfd, LEN)), "memfd");
+	memset(p, 1, LEN);
+	g_sy.want_start = (uintptr_t)p;
+	g_sy.want_end = (uintptr_t)p + LEN;
+	CHECK(ftruncate(mfd, 0) == 0, "ftruncate");
+	CHECK(g_sy.reported, "ftruncate returned before its report");
+	sy_stop_dispatcher();
+	return 0;
 }
 
 /*
@@ -771,6 +803,10 @@ const struct nf_test nf_tests_sync[] = {
 	     "mremap MREMAP_FIXED", KREG_NF_SYNC_UNPINNED),
 	SYNC("sync-unpinned-no-report-mprotect", sy_ch_mprotect, false, false,
 	     "mprotect", KREG_NF_SYNC_UNPINNED),
+	SYNC("sync-unpinned-mremap-dontunmap", sy_ch_mremap_dontunmap, false,
+	     true, "mremap MREMAP_DONTUNMAP", KREG_NF_SYNC_UNPINNED),
+	{ "sync-unpinned-own-truncate", t_sync_unpinned_own_truncate, NULL,
+	  NULL },
 	{ "sync-unpinned-untouched", t_sync_unpinned_untouched, NULL, NULL },
 	{ "sync-unpinned-no-report-cow", t_sync_unpinned_no_report_cow, NULL,
 	  NULL },
