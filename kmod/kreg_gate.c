@@ -48,11 +48,11 @@
 /* a gate's first wait before it also asks the reader */
 #define KREG_GATE_NUDGE_MS	2
 /*
- * How long a thread held at a return from an interrupt may block a report.
- * Its release is a window (its next system call goes unheld), a longer
- * wait only a stall where it holds a lock the report needs: 10 ms let
- * under TCG 5 of 16 runs of test_rcache's six threads go through a window
- * while the report was merely slow.
+ * How long a thread held at a return from an interrupt may block a report
+ * before it goes on (its next system call is then held: kreg_probes.c, whose
+ * probe costs the machine's system calls while it is on). 10 ms put the
+ * probe on under TCG in 5 of 16 runs of test_rcache's six threads while
+ * the report was merely slow.
  */
 #define KREG_GATE_IRQ_FUSE_MS	50
 
@@ -69,6 +69,7 @@ struct kreg_gate {
 	enum kreg_gate_state state;
 	bool exempt;			/* the reader's */
 	bool reporting;			/* between its DRAINs: see below */
+	u64 owed;			/* let go at an interrupt: kreg_probes.c */
 };
 
 struct kreg_kick {
@@ -296,6 +297,63 @@ void kreg_gate_reporting(struct kreg_sync *s, struct task_struct *t, bool on)
 		g->reporting = on;
 }
 
+/*
+ * The sys_exit probe (kreg_probes.c) at the end of a system call of a thread
+ * of s's mm: if the thread was let go at an interrupt while a change it
+ * waited for is still unreported, its gate holds it now. An ARMED gate
+ * runs now anyway.
+ */
+void kreg_gate_owed(struct kreg_sync *s)
+{
+	struct kreg_gate *g;
+	LIST_HEAD(reap);
+
+	spin_lock(&s->lock);
+	g = kreg_gate_find(s, current);
+	if (g && g->owed) {
+		if (g->owed > s->done && !s->dead &&
+		    g->state == KREG_GATE_IDLE) {
+			kreg_gate_arm(s, g, &reap);
+			kreg_sync_count(s, KREG_ST_IRQ_NEXT_HELD);
+		}
+		g->owed = 0;
+	}
+	spin_unlock(&s->lock);
+	kreg_gates_reap(&reap);
+}
+
+/*
+ * child, a thread of a process whose mm is s's, made by clone() (the
+ * sched_process_fork probe, in the parent, before the child first runs):
+ * if a change is unreported, its gate holds it at its first return to user
+ * space. Gates are otherwise made only at a change, so such a child's first
+ * system call (an mmap that returns the freed address) went unheld.
+ */
+void kreg_gate_born(struct kreg_sync *s, struct task_struct *child)
+{
+	struct kreg_gate *g;
+	LIST_HEAD(reap);
+
+	spin_lock(&s->lock);
+	if (!s->dead && s->done < s->seq && task_tgid(child) == s->owner &&
+	    !kreg_gate_find(s, child)) {
+		/*
+		 * No rescan: a thread older than child was on the list when
+		 * the change was queued (its search found it) or was born
+		 * after, while it was unreported (given its gate here).
+		 */
+		g = kreg_gate_new(s, child);
+		if (g) {
+			kreg_gate_arm(s, g, &reap);
+			kreg_sync_count(s, KREG_ST_BORN_HELD);
+		} else {
+			kreg_sync_count(s, KREG_ST_GATE_NOMEM);
+		}
+	}
+	spin_unlock(&s->lock);
+	kreg_gates_reap(&reap);
+}
+
 static bool kreg_gate_open(struct kreg_sync *s, u64 target)
 {
 	return READ_ONCE(s->done) >= target || READ_ONCE(s->dead);
@@ -361,8 +419,8 @@ enum kreg_gate_end { KREG_GATE_REPORTED, KREG_GATE_TIMED_OUT, KREG_GATE_LET_GO }
  * held the lock that both reporters spun on, until the gate timed out).
  * Such a thread goes on once a report has been under way for
  * KREG_GATE_IRQ_FUSE_MS without an end (counted: irq_releases). Its gate
- * is spent for this change: a task_work cannot stay queued past the exit
- * that runs it, so its next system call is held only by the next change.
+ * is spent for this change, so it owes its next system call: the caller
+ * has kreg_probes.c hold that at its end.
  */
 static enum kreg_gate_end kreg_gate_wait(struct kreg_sync *s, u64 target,
 					 unsigned long deadline, bool irq,
@@ -412,7 +470,8 @@ static void kreg_gate_run(struct callback_head *cb)
 	unsigned long deadline = jiffies + s->timeout;
 	/* not from a system call: an interrupt or an exception */
 	bool irq = syscall_get_nr(current, task_pt_regs(current)) < 0;
-	bool gone, nudged = false, waited = false, pass = false;
+	bool gone, nudged = false, waited = false, pass = false, owes = false;
+	enum kreg_gate_end end;
 	u64 target = 0, passed = 0;
 
 	for (;;) {
@@ -460,8 +519,8 @@ static void kreg_gate_run(struct callback_head *cb)
 		if (!waited)
 			kreg_sync_count(s, KREG_ST_GATE_WAITS);
 		waited = true;
-		if (kreg_gate_wait(s, target, deadline, irq, &nudged) !=
-		    KREG_GATE_REPORTED || fatal_signal_pending(current)) {
+		end = kreg_gate_wait(s, target, deadline, irq, &nudged);
+		if (end != KREG_GATE_REPORTED || fatal_signal_pending(current)) {
 			/* let go (counted), or dying */
 			spin_lock(&s->lock);
 			if (hlist_unhashed(&g->node)) {
@@ -470,12 +529,22 @@ static void kreg_gate_run(struct callback_head *cb)
 			}
 			g->state = KREG_GATE_IDLE;
 			list_add_tail(&g->idle, &s->idle);
+			owes = end == KREG_GATE_LET_GO && !s->dead &&
+			       s->done < target &&
+			       !fatal_signal_pending(current);
+			if (owes) {
+				g->owed = target;
+				s->owed_until = max(s->owed_until, target);
+			}
 			break;
 		}
 	}
 	spin_unlock(&s->lock);
 	if (pass)
 		kreg_sync_count(s, KREG_ST_GATE_PASSES);
+	/* before the thread goes on: its next system call is held */
+	if (owes && kreg_owed_watch(s))
+		kreg_sync_count(s, KREG_ST_IRQ_UNWATCHED);
 	if (gone) {
 		put_task_struct(g->task);
 		kfree(g);

@@ -44,11 +44,30 @@ static ssize_t users_show(struct device *dev, struct device_attribute *attr,
 }
 static DEVICE_ATTR_ADMIN_RO(users);
 
+/* 1 while the sys_exit probe is on (kreg_probes.c): for the tests */
+static ssize_t sys_exit_probe_show(struct device *dev,
+				   struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%d\n", kreg_owed_probe_on());
+}
+static DEVICE_ATTR_ADMIN_RO(sys_exit_probe);
+
+/* how many times it was put on since the module loaded */
+static ssize_t sys_exit_probe_puts_show(struct device *dev,
+					struct device_attribute *attr,
+					char *buf)
+{
+	return sysfs_emit(buf, "%lu\n", kreg_owed_probe_puts());
+}
+static DEVICE_ATTR_ADMIN_RO(sys_exit_probe_puts);
+
 static struct attribute *kreg_attrs[] = {
 	&kreg_attr_contexts.attr.attr,
 	&kreg_attr_ranges.attr.attr,
 	&kreg_attr_memory.attr.attr,
 	&dev_attr_users.attr,
+	&dev_attr_sys_exit_probe.attr,
+	&dev_attr_sys_exit_probe_puts.attr,
 	NULL,
 };
 ATTRIBUTE_GROUPS(kreg);
@@ -61,7 +80,20 @@ static struct miscdevice kreg_misc = {
 	/* every call acts on the caller's own address space only */
 	.mode = 0666,
 };
-module_misc_device(kreg_misc);
+
+static int __init kreg_init(void)
+{
+	return misc_register(&kreg_misc);
+}
+module_init(kreg_init);
+
+static void __exit kreg_exit(void)
+{
+	misc_deregister(&kreg_misc);
+	/* after the last descriptor: the sys_exit probe comes off */
+	kreg_owed_exit();
+}
+module_exit(kreg_exit);
 
 MODULE_DESCRIPTION("Counters that tell a process when registered memory goes away (mmu_interval_notifier)");
 MODULE_AUTHOR("ucx-kreg");

@@ -42,6 +42,11 @@
  *                      Under it: the owner's siglock (to walk its threads)
  *                      and a task's pi_lock and runqueue lock (task_work_add
  *                      with TWA_SIGNAL wakes); never the reverse.
+ * kreg_owed_mutex (mutex) the list of syncs with a debt and the sys_exit
+ *                      probe (kreg_probes.c): taken by a gate with no lock
+ *                      held and by its work item; takes sync->lock inside.
+ *                      The probe reads that list under RCU and takes
+ *                      sync->lock.
  * kreg_users_lock (mutex) the per-uid table: open, release and sysfs only,
  * never with another lock of ours held. Counter pages are published with
  * cmpxchg() and never change until release: the fault handler (under
@@ -173,9 +178,9 @@ struct page *kreg_counter_page(struct kreg_ctx *ctx, unsigned int idx,
 int kreg_mmap(struct file *file, struct vm_area_struct *vma);
 
 /*
- * Synchronous delivery (kreg_sync.c, kreg_gate.c, kreg_pinned.c). What
- * sync->lock guards is marked; the rest is set at SYNC_START, before the
- * notifier is registered, and read without it.
+ * Synchronous delivery (kreg_sync.c, kreg_gate.c, kreg_probes.c, kreg_pinned.c).
+ * What sync->lock guards is marked; the rest is set at SYNC_START, before
+ * the notifier is registered, and read without it.
  */
 #define KREG_SYNC_INFLIGHT	64	/* changes tracked to their end at once */
 #define KREG_GATE_BITS		8
@@ -186,6 +191,7 @@ enum kreg_sync_stat {		/* the fields of struct kreg_nf_sync_stats */
 	KREG_ST_LATE, KREG_ST_OVERFLOWS, KREG_ST_UNPINNED, KREG_ST_DRAINS,
 	KREG_ST_GATE_PASSES, KREG_ST_THREADS, KREG_ST_DRAIN_WAITS,
 	KREG_ST_OWN_CHANGES, KREG_ST_INFLIGHT_FULL, KREG_ST_IRQ_RELEASES,
+	KREG_ST_IRQ_NEXT_HELD, KREG_ST_IRQ_UNWATCHED, KREG_ST_BORN_HELD,
 	KREG_ST_NR = sizeof(struct kreg_nf_sync_stats) / sizeof(__u64)
 };
 
@@ -236,7 +242,12 @@ struct kreg_sync {
 	struct kreg_sync_inflight inflight[KREG_SYNC_INFLIGHT];
 	DECLARE_HASHTABLE(gates, KREG_GATE_BITS);	/* by task */
 	struct list_head idle;		/* gates to arm at the next change */
-	struct list_head live;		/* on kreg_syncs while started */
+	struct list_head live;		/* on kreg_syncs (RCU) while started */
+	u64 owed_until;			/* lock: a debt's report (kreg_probes.c) */
+	/* kreg_probes.c's mutex: */
+	struct list_head owed;		/* on its list (RCU) while owed_on */
+	struct list_head owed_reap;	/* taken off, until a grace period */
+	bool owed_on;
 	atomic64_t stats[KREG_ST_NR];
 };
 
@@ -257,6 +268,7 @@ void kreg_sync_put(struct kreg_ctx *ctx);
 void kreg_sync_release(struct kref *ref);
 void kreg_sync_count(struct kreg_sync *s, enum kreg_sync_stat i);
 void kreg_sync_wake_reader(struct kreg_sync *s);
+void kreg_sync_born(struct task_struct *child);
 
 /* kreg_gate.c */
 void kreg_gates_arm(struct kreg_sync *s, struct list_head *reap);
@@ -264,6 +276,16 @@ void kreg_gates_stop(struct kreg_sync *s, struct list_head *reap);
 void kreg_gates_reap(struct list_head *reap);
 void kreg_gate_exempt(struct kreg_sync *s, struct task_struct *t);
 void kreg_gate_reporting(struct kreg_sync *s, struct task_struct *t, bool on);
+void kreg_gate_owed(struct kreg_sync *s);
+void kreg_gate_born(struct kreg_sync *s, struct task_struct *child);
+
+/* kreg_probes.c */
+void kreg_fork_probe_set(bool on);
+int kreg_owed_watch(struct kreg_sync *s);
+void kreg_owed_settled(struct kreg_sync *s);
+void kreg_owed_exit(void);
+bool kreg_owed_probe_on(void);
+unsigned long kreg_owed_probe_puts(void);
 
 /* kreg_signal.c */
 bool kreg_owner_siglocked(struct pid *owner,

@@ -32,6 +32,7 @@
 #include <linux/mmu_notifier.h>
 #include <linux/pid.h>
 #include <linux/poll.h>
+#include <linux/rculist.h>
 #include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
@@ -370,6 +371,8 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 		hash_init(s->gates);
 		INIT_LIST_HEAD(&s->idle);
 		INIT_LIST_HEAD(&s->live);
+		INIT_LIST_HEAD(&s->owed);
+		INIT_LIST_HEAD(&s->owed_reap);
 		s->dead = true;
 		ctx->sync = s;	/* nothing reads it before the notifier is in */
 	}
@@ -417,7 +420,9 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 			kreg_signal_release(owner, s->signo, s->handler);
 		put_pid(owner);
 	} else {
-		list_add(&s->live, &kreg_syncs);
+		if (list_empty(&kreg_syncs))
+			kreg_fork_probe_set(true);
+		list_add_rcu(&s->live, &kreg_syncs);
 	}
 out:
 	mutex_unlock(&kreg_syncs_lock);
@@ -445,6 +450,7 @@ void kreg_sync_stop_locked(struct kreg_sync *s)
 	spin_unlock(&s->lock);
 	wake_up_all(&s->wq);
 	wake_up_interruptible_poll(&s->poll_wq, EPOLLIN | EPOLLRDNORM);
+	kreg_owed_settled(s);
 	kreg_gates_reap(&reap);
 	/* waits for callbacks in progress */
 	mmu_notifier_unregister(&s->mn, s->mm);
@@ -453,8 +459,30 @@ void kreg_sync_stop_locked(struct kreg_sync *s)
 	put_pid(owner);
 	put_pid(dispatcher);
 	mutex_lock(&kreg_syncs_lock);
-	list_del_init(&s->live);
+	list_del_rcu(&s->live);
+	if (list_empty(&kreg_syncs))
+		kreg_fork_probe_set(false);
+	/* the fork probe's walk is past s before s is started or freed again */
+	synchronize_rcu();
+	INIT_LIST_HEAD(&s->live);
 	mutex_unlock(&kreg_syncs_lock);
+}
+
+/*
+ * The sched_process_fork probe (kreg_probes.c): child is a new thread of a
+ * process, in its parent's context, not yet run.
+ */
+void kreg_sync_born(struct task_struct *child)
+{
+	struct kreg_sync *s;
+
+	rcu_read_lock();
+	list_for_each_entry_rcu(s, &kreg_syncs, live)
+		if (s->mm == child->mm) {
+			kreg_gate_born(s, child);
+			break;
+		}
+	rcu_read_unlock();
 }
 
 long kreg_sync_stop(struct kreg_ctx *ctx)
@@ -552,8 +580,10 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 	s->need_reader = false;
 	snap = s->seq;
 	spin_unlock(&s->lock);
-	if (acked)
+	if (acked) {
 		wake_up_all(&s->wq);
+		kreg_owed_settled(s);
+	}
 
 	/* the changes queued so far end soon: they are being zapped now */
 	if (!kreg_sync_settled(s, snap)) {
@@ -594,8 +624,10 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 	/* the caller reports what it got, until a DRAIN that gets nothing */
 	kreg_gate_reporting(s, current, n);
 	spin_unlock(&s->lock);
-	if (acked)
+	if (acked) {
 		wake_up_all(&s->wq);
+		kreg_owed_settled(s);
+	}
 	arg.count = n;
 	if (n)
 		kreg_sync_count(s, KREG_ST_DRAINS);

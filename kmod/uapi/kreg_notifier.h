@@ -181,7 +181,14 @@ struct kreg_nf_event {
  *    thread that is reporting (its last DRAIN handed it ranges: what it
  *    runs to report them may make system calls inside locks that other
  *    reporters need) and a thread that has exec'ed. After 2 ms a waiting gate wakes the
- *    dispatcher. Threads in user space are never interrupted, and a change
+ *    dispatcher. A thread held at a return from an interrupt or exception
+ *    goes on once a report has waited 50 ms for it (it may hold a
+ *    user-space lock the report needs: irq_releases); its next system call
+ *    is then held at its end (irq_next_held, through a probe on the
+ *    kernel's sys_exit tracepoint while such a report is unfinished). A
+ *    thread that clone() makes while a change is unreported is held at its
+ *    first return (born_held, a probe on sched_process_fork while delivery
+ *    runs). Threads in user space are never interrupted, and a change
  *    costs nothing per thread that did not enter the kernel since the
  *    last one.
  * Pages that are not pinned are not queued: memory that was never
@@ -206,8 +213,9 @@ struct kreg_nf_event {
  * gate_timeout_ms (gate_timeouts); a thread that could not get a gate for
  * want of memory (gate_nomem: it is looked for again at the next change);
  * more than 64 changes in flight at once (inflight_full: handed out before
- * their end). Not counted: a thread made by clone() while a change is in
- * flight is found at the next change.
+ * their end); a thread let go at an interrupt whose next system call could
+ * not be watched (irq_unwatched: the sys_exit tracepoint refused the
+ * probe).
  *
  * signo is held while delivery runs: SYNC_START needs signo's handler in
  * the process to be handler already (not SA_RESETHAND), and from then on
@@ -296,9 +304,23 @@ struct kreg_nf_sync_stats {
 	/*
 	 * threads held at a return from an interrupt or exception that went
 	 * on while a report was under way for 50 ms without an end (they may
-	 * hold a lock the report needs; their next system call is not held)
+	 * hold a lock the report needs); each one's next system call is held
+	 * at its end until the report (irq_next_held), through the kernel's
+	 * sys_exit tracepoint
 	 */
 	__u64 irq_releases;
+	/* of those, threads held at the end of their next system call */
+	__u64 irq_next_held;
+	/*
+	 * of irq_releases, those whose next system call could not be watched
+	 * (the sys_exit tracepoint refused a probe): a window
+	 */
+	__u64 irq_unwatched;
+	/*
+	 * threads that clone() made while a change was unreported, held at
+	 * their first return to user space until it was reported
+	 */
+	__u64 born_held;
 };
 
 #define KREG_NF_SYNC_QUEUE 64

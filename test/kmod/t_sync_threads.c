@@ -40,6 +40,18 @@ static int pinned_new(struct pinned *b, size_t len)
 	return 0;
 }
 
+/* sy_start, then a pinned buffer in *b whose report the test waits for */
+static int pinned_watched(struct pinned *b, bool dispatcher)
+{
+	int rc;
+
+	CHECK(sy_start(SY_SIGNO, 5000, dispatcher) == 0, "SYNC_START");
+	rc = pinned_new(b, LEN);
+	g_sy.want_start = (uintptr_t)b->p;
+	g_sy.want_end = (uintptr_t)b->p + LEN;
+	return rc;
+}
+
 /* unmaps it (the change), then drops the pin */
 static int pinned_free(struct pinned *b)
 {
@@ -326,24 +338,26 @@ static int t_sync_reporter_not_held(void)
 }
 
 /*
- * A thread stopped at a return from an interrupt (its tick) inside a
- * user-space lock that the report needs goes on, counted, once the report
- * has waited for it for the fuse: in CI, UCP with 4 and 8 threads had a
- * thread stopped by its tick inside UCX's rcache spinlock while both
- * reporters spun on it, until the gate timed out (the module of cd6b037
- * holds it here for the whole timeout, 5 s).
+ * A holder stopped by its tick inside a user-space lock that the report
+ * needs: it spins 300 ms holding the lock (or for ever), leaves it and at
+ * once makes a system call; the reporter, once past the lock, takes
+ * 150 ms more to ack.
  */
 static pthread_spinlock_t g_il_lock;
 static volatile bool g_il_go, g_il_holding;
+static volatile bool g_in_after_lock, g_in_acked, g_in_forever;
 
-static void il_reporting(void)
+static void in_reporting(void)
 {
 	pthread_spin_lock(&g_il_lock);
 	pthread_spin_unlock(&g_il_lock);
+	usleep(150000);		/* a reporter is not held meanwhile */
+	g_in_acked = true;	/* just before the ack: a stricter check */
 }
 
-static void *il_holder(void *a)
+static void *in_holder(void *a)
 {
+	long ret;
 	double t0;
 
 	(void)a;
@@ -352,43 +366,197 @@ static void *il_holder(void *a)
 	pthread_spin_lock(&g_il_lock);
 	g_il_holding = true;
 	t0 = now_ns();
-	while (ms_since(t0) < 300)
-		;	/* user space only (vDSO clock): its tick stops it */
+	while (g_in_forever || ms_since(t0) < 300)
+		;	/* its tick stops it; the fuse lets it go */
 	pthread_spin_unlock(&g_il_lock);
-	return NULL;
+	ret = syscall(SYS_getppid);
+	g_in_after_lock = g_in_acked;
+	return (void *)ret;
 }
 
-static int t_sync_irq_lock_holder(void)
+/* the holder's scenario up to the change, which returns once reported */
+static int in_change(bool forever)
 {
-	struct kreg_nf_sync_stats st;
 	struct pinned pa;
 	pthread_t h;
-	double t0;
 	int rc;
 
+	g_il_go = g_il_holding = g_in_after_lock = g_in_acked = false;
+	g_in_forever = forever;
 	CHECK(pthread_spin_init(&g_il_lock, PTHREAD_PROCESS_PRIVATE) == 0,
 	      "pthread_spin_init");
-	CHECK(sy_start(SY_SIGNO, 5000, false) == 0, "SYNC_START");
-	rc = pinned_new(&pa, LEN);
+	rc = pinned_watched(&pa, false);
 	if (rc)
 		return rc;
-	g_sy.want_start = (uintptr_t)pa.p;
-	g_sy.want_end = (uintptr_t)pa.p + LEN;
-	CHECK(pthread_create(&h, NULL, il_holder, NULL) == 0, "pthread_create");
+	CHECK(pthread_create(&h, NULL, in_holder, NULL) == 0, "pthread_create");
 	g_il_go = true;
 	while (!g_il_holding)
 		;
-	g_sy.reporting = il_reporting;
-	t0 = now_ns();
+	g_sy.reporting = in_reporting;
 	CHECK(pinned_free(&pa) == 0, "munmap");
 	CHECK(g_sy.reported, "munmap returned before its report");
 	pthread_join(h, NULL);
+	return 0;
+}
+
+/* the sys_exit probe is off within 2 s (a work item takes it off) */
+static bool probe_goes_off(void)
+{
+	for (int i = 0; i < 200; i++) {
+		if (sysval("sys_exit_probe") == 0)
+			return true;
+		usleep(10000);
+	}
+	return false;
+}
+
+/*
+ * A thread stopped at a return from an interrupt (its tick) inside a
+ * user-space lock that the report needs goes on, counted, once the report
+ * has waited for it for the fuse: in CI, UCP with 4 and 8 threads had a
+ * thread stopped by its tick inside UCX's rcache spinlock while both
+ * reporters spun on it, until the gate timed out (the module of cd6b037
+ * holds it here for the whole timeout, 5 s).
+ */
+static int t_sync_irq_lock_holder(void)
+{
+	struct kreg_nf_sync_stats st;
+	double t0 = now_ns();
+	int rc = in_change(false);
+
+	if (rc)
+		return rc;
 	CHECK(sy_stats(&st) == 0 && st.gate_timeouts == 0 &&
 	      st.irq_releases >= 1,
 	      "gate_timeouts %llu irq_releases %llu after %.0f ms",
 	      (unsigned long long)st.gate_timeouts,
 	      (unsigned long long)st.irq_releases, ms_since(t0));
 	CHECK(ms_since(t0) < 2000, "the report took %.0f ms", ms_since(t0));
+	return 0;
+}
+
+/*
+ * The thread the fuse let go owes its next system call: held at its end
+ * until the report (the module of 1a2e22b let that call return at once,
+ * 150 ms before the ack: a window).
+ */
+static int t_sync_irq_release_next_call_held(void)
+{
+	struct kreg_nf_sync_stats st;
+	double t0;
+	int rc;
+
+	CHECK(sysval("sys_exit_probe") == 0, "the sys_exit probe is on before");
+	t0 = now_ns();
+	rc = in_change(false);
+	if (rc)
+		return rc;
+	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+	printf("irq_releases %llu irq_next_held %llu irq_unwatched %llu gate_timeouts %llu, %.0f ms\n",
+	       (unsigned long long)st.irq_releases,
+	       (unsigned long long)st.irq_next_held,
+	       (unsigned long long)st.irq_unwatched,
+	       (unsigned long long)st.gate_timeouts, ms_since(t0));
+	if (!st.irq_releases)
+		return skip("the holder's tick never stopped it in its gate");
+	CHECK(g_in_after_lock, "the holder's next system call returned before the report");
+	CHECK(st.irq_next_held >= 1 && !st.irq_unwatched && !st.gate_timeouts,
+	      "irq_next_held %llu irq_unwatched %llu gate_timeouts %llu",
+	      (unsigned long long)st.irq_next_held,
+	      (unsigned long long)st.irq_unwatched,
+	      (unsigned long long)st.gate_timeouts);
+	CHECK(probe_goes_off(), "the sys_exit probe stays on after the report");
+	return 0;
+}
+
+/*
+ * A process killed while it owes (its holder never leaves the lock, its
+ * report never ends): the probe comes off and nothing stays live.
+ */
+static int t_sync_irq_debt_killed(void)
+{
+	long c0 = sysval("contexts"), r0 = sysval("ranges"), c, r;
+	int status, i;
+	pid_t pid;
+
+	CHECK(sysval("sys_exit_probe") == 0, "the sys_exit probe is on before");
+	pid = fork();
+	CHECK(pid >= 0, "fork");
+	if (pid == 0)
+		_exit(in_change(true) ? 1 : 0);
+	for (i = 0; i < 500 && sysval("sys_exit_probe") != 1; i++)
+		usleep(10000);
+	kill(pid, SIGKILL);
+	CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+	CHECK(i < 500, "the probe never came on (child status %#x)", status);
+	CHECK(WIFSIGNALED(status), "child status %#x", status);
+	CHECK(probe_goes_off(), "the sys_exit probe stays on after the exit");
+	CHECK(live_back_to(c0, r0, &c, &r), "live contexts %ld ranges %ld", c, r);
+	return 0;
+}
+
+/*
+ * A thread that clone() makes while a change is unreported is held at its
+ * first return to user space until the report: its first system call could
+ * return the freed address (the module of 1a2e22b made its gate only at
+ * the next change). The reporter makes it, as any thread that enters
+ * clone() while the change is queued could; the report then takes 150 ms
+ * more.
+ */
+static volatile bool g_born_acked, g_born_saw_ack, g_born_ran;
+static pthread_t g_born;
+static int g_born_pipe[2];
+
+static void *born_thread(void *a)
+{
+	char c;
+
+	(void)a;
+	g_born_saw_ack = g_born_acked;
+	g_born_ran = true;
+	return (void *)(intptr_t)read(g_born_pipe[0], &c, 1);
+}
+
+
+static void born_reporting(void)
+{
+	static bool once;
+
+	if (once)
+		return;
+	once = true;
+	if (pthread_create(&g_born, NULL, born_thread, NULL))
+		return;
+	usleep(150000);
+	g_born_acked = true;	/* just before the ack */
+}
+
+static int t_sync_born_held(void)
+{
+	struct kreg_nf_sync_stats st;
+	struct pinned pa;
+	int rc;
+
+	CHECK(pipe(g_born_pipe) == 0, "pipe");
+	rc = pinned_watched(&pa, false);
+	if (rc)
+		return rc;
+	g_sy.reporting = born_reporting;
+	CHECK(pinned_free(&pa) == 0, "munmap");
+	CHECK(g_sy.reported, "munmap returned before its report");
+	CHECK(g_born, "no thread was made inside the report");
+	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+	for (int i = 0; i < 2000 && !g_born_ran; i++)
+		usleep(1000);
+	CHECK(g_born_ran, "the thread made inside the report never ran");
+	CHECK(g_born_saw_ack, "the thread made while the change was unreported ran before the report (born_held %llu)",
+	      (unsigned long long)st.born_held);
+	CHECK(st.born_held >= 1 && !st.gate_timeouts,
+	      "born_held %llu gate_timeouts %llu",
+	      (unsigned long long)st.born_held,
+	      (unsigned long long)st.gate_timeouts);
+	CHECK(write(g_born_pipe[1], "x", 1) == 1, "write");
+	pthread_join(g_born, NULL);
 	return 0;
 }
 
@@ -984,6 +1152,10 @@ const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-concurrent-frees-reader", t_sync_concurrent_frees_reader, NULL, NULL },
 	{ "sync-reporter-not-held", t_sync_reporter_not_held, NULL, NULL },
 	{ "sync-irq-lock-holder", t_sync_irq_lock_holder, NULL, NULL },
+	{ "sync-irq-release-next-call-held", t_sync_irq_release_next_call_held,
+	  NULL, NULL },
+	{ "sync-irq-debt-killed", t_sync_irq_debt_killed, NULL, NULL },
+	{ "sync-born-held", t_sync_born_held, NULL, NULL },
 	{ "sync-sleepers-not-walked", t_sync_sleepers_not_walked, NULL, NULL },
 	{ "sync-spinner-not-kicked", t_sync_spinner_not_kicked, NULL, NULL },
 	{ "sync-thread-churn", t_sync_thread_churn, NULL, NULL },
