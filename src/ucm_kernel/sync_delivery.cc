@@ -213,8 +213,8 @@ void sync_drain()
     }
     g_drained.fetch_add(drain_all(fd), std::memory_order_relaxed);
     /* What no handler carried: said once, counted in kreg_get_stats. Once
-     * all five are said, the reader asks the module for no counts. */
-    if (g_warned.load(std::memory_order_relaxed) == 31) {
+     * all six are said, the reader asks the module for no counts. */
+    if (g_warned.load(std::memory_order_relaxed) == 63) {
         return;
     }
     const kreg_nf_sync_stats st = module_stats(fd);
@@ -237,9 +237,15 @@ void sync_drain()
         {st.inflight_full, 8, true, "was reported while more than 64 changes "
          "were in flight at once, before its pages were gone: a registration "
          "made meanwhile could have pinned the old pages"},
-        {st.irq_releases, 16, true, "changed while a thread stopped at an "
+        /* its next system call is held: a stall, not a window */
+        {st.irq_releases - st.irq_unwatched, 16, false, "changed while a "
+         "thread stopped at an interrupt held up its report (a lock UCX's "
+         "report needs): that thread went on after 50 ms, and its next "
+         "system call was held until the report"},
+        {st.irq_unwatched, 32, true, "changed while a thread stopped at an "
          "interrupt held up its report (a lock UCX's report needs): that "
-         "thread went on after 50 ms, and its next system call was not held"},
+         "thread went on after 50 ms, and its next system call was not held "
+         "(the kernel's sys_exit tracepoint refused the module's probe)"},
     };
     for (const once &o : said) {
         if ((o.count != 0) && !(g_warned.fetch_or(o.bit) & o.bit) &&
@@ -282,6 +288,9 @@ void sync_add_stats(kreg_stats_t *stats)
     stats->sync.drain_waits   += st.drain_waits;
     stats->sync.inflight_full += st.inflight_full;
     stats->sync.irq_releases  += st.irq_releases;
+    stats->sync.irq_next_held += st.irq_next_held;
+    stats->sync.irq_unwatched += st.irq_unwatched;
+    stats->sync.born_held     += st.born_held;
 }
 
 } // namespace kreg

@@ -202,8 +202,14 @@ typedef struct {
                                           (over 64 in flight): a window     */
         uint64_t irq_releases;         /* threads held at an interrupt's
                                           return let go while a report was
-                                          blocked (they may hold its lock):
-                                          their next system call unheld     */
+                                          blocked (they may hold its lock)  */
+        uint64_t irq_next_held;        /* of those, held at the end of their
+                                          next system call until the report */
+        uint64_t irq_unwatched;        /* of those, next system call not
+                                          held (no sys_exit probe): a window */
+        uint64_t born_held;            /* threads made while a change was
+                                          unreported, held at their first
+                                          return until it was reported     */
     } sync;
 } kreg_stats_t;
 
