@@ -55,6 +55,14 @@
  * the report was merely slow.
  */
 #define KREG_GATE_IRQ_FUSE_MS	50
+/*
+ * The same for the thread's next call that returns an address, which the
+ * sys_exit probe holds (kreg_probes.c). It may be made inside the lock
+ * (UCX 1.13's rcache grows a memory pool, an mmap, under the spinlock its
+ * unmap callback takes), but a report may also just be slow: 50 ms there
+ * let an mmap return 100 ms before a report that no lock blocked.
+ */
+#define KREG_GATE_OWED_FUSE_MS	250
 
 enum kreg_gate_state {
 	KREG_GATE_IDLE, KREG_GATE_ARMED, KREG_GATE_RUNNING, KREG_GATE_EXEMPT,
@@ -70,6 +78,7 @@ struct kreg_gate {
 	bool exempt;			/* the reader's */
 	bool reporting;			/* between its DRAINs: see below */
 	u64 owed;			/* let go at an interrupt: kreg_probes.c */
+	bool owed_hold;			/* armed by the sys_exit probe */
 };
 
 struct kreg_kick {
@@ -314,6 +323,7 @@ void kreg_gate_owed(struct kreg_sync *s)
 		if (g->owed > s->done && !s->dead &&
 		    g->state == KREG_GATE_IDLE) {
 			kreg_gate_arm(s, g, &reap);
+			g->owed_hold = true;
 			kreg_sync_count(s, KREG_ST_IRQ_NEXT_HELD);
 		}
 		g->owed = 0;
@@ -420,11 +430,15 @@ enum kreg_gate_end { KREG_GATE_REPORTED, KREG_GATE_TIMED_OUT, KREG_GATE_LET_GO }
  * Such a thread goes on once a report has been under way for
  * KREG_GATE_IRQ_FUSE_MS without an end (counted: irq_releases). Its gate
  * is spent for this change, so it owes its next system call: the caller
- * has kreg_probes.c hold that at its end.
+ * has kreg_probes.c hold that at its end. That hold has a fuse too
+ * (KREG_GATE_OWED_FUSE_MS): the call may be made inside the very lock (UCP
+ * with 8 threads had 3 gates time out at once without it). A call let go
+ * there returned before the report (irq_next_released, a window), and the
+ * thread owes its next one.
  */
 static enum kreg_gate_end kreg_gate_wait(struct kreg_sync *s, u64 target,
-					 unsigned long deadline, bool irq,
-					 bool *nudged)
+					 unsigned long deadline,
+					 unsigned int fuse_ms, bool *nudged)
 {
 	long left, ret;
 
@@ -433,9 +447,8 @@ static enum kreg_gate_end kreg_gate_wait(struct kreg_sync *s, u64 target,
 		if (!*nudged)
 			left = min_t(long, left,
 				     msecs_to_jiffies(KREG_GATE_NUDGE_MS));
-		else if (irq)
-			left = min_t(long, left,
-				     msecs_to_jiffies(KREG_GATE_IRQ_FUSE_MS));
+		else if (fuse_ms)
+			left = min_t(long, left, msecs_to_jiffies(fuse_ms));
 		ret = left > 0 ? wait_event_killable_timeout(s->wq,
 					kreg_gate_open(s, target), left) : 0;
 		if (ret != 0)
@@ -449,10 +462,8 @@ static enum kreg_gate_end kreg_gate_wait(struct kreg_sync *s, u64 target,
 			kreg_sync_count(s, KREG_ST_GATE_TIMEOUTS);
 			return KREG_GATE_TIMED_OUT;
 		}
-		if (irq && kreg_gate_report_under_way(s)) {
-			kreg_sync_count(s, KREG_ST_IRQ_RELEASES);
+		if (fuse_ms && kreg_gate_report_under_way(s))
 			return KREG_GATE_LET_GO;
-		}
 	}
 }
 
@@ -471,12 +482,15 @@ static void kreg_gate_run(struct callback_head *cb)
 	/* not from a system call: an interrupt or an exception */
 	bool irq = syscall_get_nr(current, task_pt_regs(current)) < 0;
 	bool gone, nudged = false, waited = false, pass = false, owes = false;
+	bool owed_hold = false;
 	enum kreg_gate_end end;
 	u64 target = 0, passed = 0;
 
 	for (;;) {
 		spin_lock(&s->lock);
 		g->state = KREG_GATE_RUNNING;
+		owed_hold |= g->owed_hold;
+		g->owed_hold = false;
 		/* exit; exec (another mm); a stopped or restarted delivery */
 		gone = (current->flags & PF_EXITING) ||
 		       current->mm != s->mm || task_tgid(current) != s->owner ||
@@ -519,7 +533,9 @@ static void kreg_gate_run(struct callback_head *cb)
 		if (!waited)
 			kreg_sync_count(s, KREG_ST_GATE_WAITS);
 		waited = true;
-		end = kreg_gate_wait(s, target, deadline, irq, &nudged);
+		end = kreg_gate_wait(s, target, deadline,
+				     owed_hold ? KREG_GATE_OWED_FUSE_MS :
+				     irq ? KREG_GATE_IRQ_FUSE_MS : 0, &nudged);
 		if (end != KREG_GATE_REPORTED || fatal_signal_pending(current)) {
 			/* let go (counted), or dying */
 			spin_lock(&s->lock);
@@ -532,6 +548,10 @@ static void kreg_gate_run(struct callback_head *cb)
 			owes = end == KREG_GATE_LET_GO && !s->dead &&
 			       s->done < target &&
 			       !fatal_signal_pending(current);
+			if (end == KREG_GATE_LET_GO)
+				kreg_sync_count(s, owed_hold ?
+						KREG_ST_IRQ_NEXT_RELEASED :
+						KREG_ST_IRQ_RELEASES);
 			if (owes) {
 				g->owed = target;
 				s->owed_until = max(s->owed_until, target);

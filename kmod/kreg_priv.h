@@ -192,6 +192,7 @@ enum kreg_sync_stat {		/* the fields of struct kreg_nf_sync_stats */
 	KREG_ST_GATE_PASSES, KREG_ST_THREADS, KREG_ST_DRAIN_WAITS,
 	KREG_ST_OWN_CHANGES, KREG_ST_INFLIGHT_FULL, KREG_ST_IRQ_RELEASES,
 	KREG_ST_IRQ_NEXT_HELD, KREG_ST_IRQ_UNWATCHED, KREG_ST_BORN_HELD,
+	KREG_ST_IRQ_NEXT_RELEASED,
 	KREG_ST_NR = sizeof(struct kreg_nf_sync_stats) / sizeof(__u64)
 };
 

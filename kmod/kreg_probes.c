@@ -3,24 +3,26 @@
  * Probes on two of the kernel's tracepoints, for what no notifier and no
  * task_work can see: a thread's next system call, and a thread's birth.
  *
- * Debts (sys_exit): the next system call of a thread that a gate let go at
- * a return from an interrupt (the fuse, kreg_gate.c). Such a thread has
- * obtained nothing since the change, but its gate is spent, and its next
- * system call (an mmap that returns the address another thread freed) must
- * still be held at its end until the change is reported. A task_work
+ * Debts (sys_exit): the next system call that can return an address
+ * (mmap, mremap, brk, shmat) of a thread that a gate let go at a return
+ * from an interrupt (the fuse, kreg_gate.c). Such a thread has obtained
+ * nothing since the change, but its gate is spent, and that call (an mmap
+ * that returns the address another thread freed) must still be held at
+ * its end until the change is reported. A task_work
  * queued by the gate itself runs in the same return to user space
  * (task_work_run() loops until the list is empty), and the flag that makes
  * a return run task_work is cleared by every return: nothing a module may
  * queue survives the trip to user space. What does run at the end of a
  * chosen thread's next system call is the sys_exit tracepoint, for every
  * task of the machine once a probe is on it. So the probe is put on by the
- * first debt and taken off once no process has one; meanwhile it arms the
- * gate of an indebted thread at the end of its system call, and the gate
- * holds it there (a return from a system call: no fuse). The price, paid
- * only after a report has been blocked for the fuse: putting the probe on
- * walks every thread of the machine (syscall_regfunc()) and patches code;
- * while it is on, every system call of the machine takes the slow exit
- * path and looks through a list (empty or one process, usually).
+ * first debt and taken off a second after no process has one; meanwhile
+ * it arms the gate of an indebted thread at the end of its system call,
+ * and the gate holds it there (a return from a system call: no fuse). The
+ * price, paid only after a report has been blocked for the fuse: putting
+ * the probe on walks every thread of the machine (syscall_regfunc()) and
+ * patches code, at most about once a second; while it is on, every system
+ * call of the machine takes the slow exit path and looks through a list
+ * (empty or one process, usually).
  *
  * Births (sched_process_fork): a thread that clone() makes while a change
  * is unreported was not there to be armed, and its first system call could
@@ -31,12 +33,15 @@
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/compat.h>
 #include <linux/mutex.h>
 #include <linux/rculist.h>
 #include <linux/sched.h>
 #include <linux/string.h>
 #include <linux/tracepoint.h>
 #include <linux/workqueue.h>
+
+#include <asm/syscall.h>
 
 #include "kreg_priv.h"
 
@@ -46,8 +51,34 @@ static struct tracepoint *kreg_sys_exit;
 static bool kreg_probe_on;
 static unsigned long kreg_probe_puts;	/* times put on, for monitoring */
 
+/*
+ * The probe comes off a second after the last debt is settled, not at
+ * once: a process whose reports keep waiting for a lock holder would
+ * otherwise have every thread of the machine walked and code patched
+ * (with its IPIs) up to 20 times a second.
+ */
+#define KREG_PROBE_LINGER	HZ
+
 static void kreg_owed_sweep(struct work_struct *work);
 static DECLARE_WORK(kreg_owed_work, kreg_owed_sweep);
+static void kreg_probe_off(struct work_struct *work);
+static DECLARE_DELAYED_WORK(kreg_probe_off_work, kreg_probe_off);
+
+/*
+ * A call that can hand the thread an address another thread freed: what a
+ * debt is about (a compat call, any). Another call keeps the debt: what it
+ * returns came from threads held until the report.
+ */
+static bool kreg_returns_address(struct pt_regs *regs)
+{
+	long nr;
+
+	if (in_compat_syscall())
+		return true;
+	nr = syscall_get_nr(current, regs);
+	return nr == __NR_mmap || nr == __NR_mremap || nr == __NR_brk ||
+	       nr == __NR_shmat;
+}
 
 /* At the end of every system call of the machine while on. */
 static void kreg_owed_probe(void *data, struct pt_regs *regs, long ret)
@@ -55,7 +86,7 @@ static void kreg_owed_probe(void *data, struct pt_regs *regs, long ret)
 	struct mm_struct *mm = current->mm;
 	struct kreg_sync *s;
 
-	if (!mm)
+	if (!mm || !kreg_returns_address(regs))
 		return;
 	rcu_read_lock();
 	list_for_each_entry_rcu(s, &kreg_owed_list, owed)
@@ -161,9 +192,15 @@ static void kreg_owed_sweep_locked(bool all)
 		list_add(&s->owed_reap, &gone);
 	}
 	if (kreg_probe_on && list_empty(&kreg_owed_list)) {
-		tracepoint_probe_unregister(kreg_sys_exit,
-					    (void *)kreg_owed_probe, NULL);
-		WRITE_ONCE(kreg_probe_on, false);
+		if (all) {
+			tracepoint_probe_unregister(kreg_sys_exit,
+						    (void *)kreg_owed_probe,
+						    NULL);
+			WRITE_ONCE(kreg_probe_on, false);
+		} else {
+			schedule_delayed_work(&kreg_probe_off_work,
+					      KREG_PROBE_LINGER);
+		}
 	}
 	if (list_empty(&gone))
 		return;
@@ -232,10 +269,23 @@ void kreg_fork_probe_set(bool on)
 		is_on = on;
 }
 
+/* No debt for KREG_PROBE_LINGER: the probe comes off. */
+static void kreg_probe_off(struct work_struct *work)
+{
+	mutex_lock(&kreg_owed_mutex);
+	if (kreg_probe_on && list_empty(&kreg_owed_list)) {
+		tracepoint_probe_unregister(kreg_sys_exit,
+					    (void *)kreg_owed_probe, NULL);
+		WRITE_ONCE(kreg_probe_on, false);
+	}
+	mutex_unlock(&kreg_owed_mutex);
+}
+
 /* Module exit: no descriptor is open, every sync is stopped. */
 void kreg_owed_exit(void)
 {
 	flush_work(&kreg_owed_work);
+	cancel_delayed_work_sync(&kreg_probe_off_work);
 	mutex_lock(&kreg_owed_mutex);
 	kreg_owed_sweep_locked(true);
 	mutex_unlock(&kreg_owed_mutex);

@@ -184,8 +184,11 @@ struct kreg_nf_event {
  *    dispatcher. A thread held at a return from an interrupt or exception
  *    goes on once a report has waited 50 ms for it (it may hold a
  *    user-space lock the report needs: irq_releases); its next system call
- *    is then held at its end (irq_next_held, through a probe on the
- *    kernel's sys_exit tracepoint while such a report is unfinished). A
+ *    that can return an address (mmap, mremap, brk, shmat) is then held
+ *    at its end (irq_next_held, through a probe on the kernel's sys_exit
+ *    tracepoint while such a report is unfinished), 250 ms at most, for it
+ *    may be made inside that lock (irq_next_released: a window, and the
+ *    thread owes its next one). A
  *    thread that clone() makes while a change is unreported is held at its
  *    first return (born_held, a probe on sched_process_fork while delivery
  *    runs). Threads in user space are never interrupted, and a change
@@ -215,7 +218,7 @@ struct kreg_nf_event {
  * more than 64 changes in flight at once (inflight_full: handed out before
  * their end); a thread let go at an interrupt whose next system call could
  * not be watched (irq_unwatched: the sys_exit tracepoint refused the
- * probe).
+ * probe) or was let go too (irq_next_released).
  *
  * signo is held while delivery runs: SYNC_START needs signo's handler in
  * the process to be handler already (not SA_RESETHAND), and from then on
@@ -304,12 +307,12 @@ struct kreg_nf_sync_stats {
 	/*
 	 * threads held at a return from an interrupt or exception that went
 	 * on while a report was under way for 50 ms without an end (they may
-	 * hold a lock the report needs); each one's next system call is held
-	 * at its end until the report (irq_next_held), through the kernel's
-	 * sys_exit tracepoint
+	 * hold a lock the report needs); each one's next system call that can
+	 * return an address is held at its end until the report
+	 * (irq_next_held), through the kernel's sys_exit tracepoint
 	 */
 	__u64 irq_releases;
-	/* of those, threads held at the end of their next system call */
+	/* of those, held at the end of their next mmap, mremap, brk, shmat */
 	__u64 irq_next_held;
 	/*
 	 * of irq_releases, those whose next system call could not be watched
@@ -321,6 +324,12 @@ struct kreg_nf_sync_stats {
 	 * their first return to user space until it was reported
 	 */
 	__u64 born_held;
+	/*
+	 * of irq_next_held, system calls let go after a report waited 250 ms
+	 * more for their thread (made inside the lock the report needs): each
+	 * returned before the report, a window; the thread owes its next one
+	 */
+	__u64 irq_next_released;
 };
 
 #define KREG_NF_SYNC_QUEUE 64

@@ -237,15 +237,16 @@ void sync_drain()
         {st.inflight_full, 8, true, "was reported while more than 64 changes "
          "were in flight at once, before its pages were gone: a registration "
          "made meanwhile could have pinned the old pages"},
-        /* its next system call is held: a stall, not a window */
-        {st.irq_releases - st.irq_unwatched, 16, false, "changed while a "
-         "thread stopped at an interrupt held up its report (a lock UCX's "
-         "report needs): that thread went on after 50 ms, and its next "
-         "system call was held until the report"},
-        {st.irq_unwatched, 32, true, "changed while a thread stopped at an "
+        /* its next call that returns an address is held: a stall */
+        {st.irq_releases, 16, false, "changed while a thread stopped at an "
          "interrupt held up its report (a lock UCX's report needs): that "
-         "thread went on after 50 ms, and its next system call was not held "
-         "(the kernel's sys_exit tracepoint refused the module's probe)"},
+         "thread went on after 50 ms, its next mmap, mremap, brk or shmat "
+         "held until the report"},
+        {st.irq_unwatched + st.irq_next_released, 32, true, "changed while "
+         "a thread stopped at an interrupt held up its report (a lock UCX's "
+         "report needs): that thread went on after 50 ms, and a system call "
+         "it made inside that lock, or one the module could not watch, "
+         "returned before the report"},
     };
     for (const once &o : said) {
         if ((o.count != 0) && !(g_warned.fetch_or(o.bit) & o.bit) &&
@@ -291,6 +292,7 @@ void sync_add_stats(kreg_stats_t *stats)
     stats->sync.irq_next_held += st.irq_next_held;
     stats->sync.irq_unwatched += st.irq_unwatched;
     stats->sync.born_held     += st.born_held;
+    stats->sync.irq_next_released += st.irq_next_released;
 }
 
 } // namespace kreg

@@ -210,6 +210,9 @@ typedef struct {
         uint64_t born_held;            /* threads made while a change was
                                           unreported, held at their first
                                           return until it was reported     */
+        uint64_t irq_next_released;    /* of irq_next_held, let go after
+                                          250 ms more (made inside the lock
+                                          the report needs): a window       */
     } sync;
 } kreg_stats_t;
 

@@ -927,14 +927,16 @@ long print_sync_stats()
                 (unsigned long)st.sync.unpinned, (unsigned long)st.sync.drained);
     std::printf("SYNC passes=%lu threads=%lu own_changes=%lu drain_waits=%lu "
                 "inflight_full=%lu irq_releases=%lu irq_next_held=%lu "
-                "irq_unwatched=%lu born_held=%lu\n", (unsigned long)st.sync.passes,
+                "irq_unwatched=%lu born_held=%lu irq_next_released=%lu\n",
+                (unsigned long)st.sync.passes,
                 (unsigned long)st.sync.threads, (unsigned long)st.sync.own_changes,
                 (unsigned long)st.sync.drain_waits,
                 (unsigned long)st.sync.inflight_full,
                 (unsigned long)st.sync.irq_releases,
                 (unsigned long)st.sync.irq_next_held,
                 (unsigned long)st.sync.irq_unwatched,
-                (unsigned long)st.sync.born_held);
+                (unsigned long)st.sync.born_held,
+                (unsigned long)st.sync.irq_next_released);
     return static_cast<long>(st.sync.held_timeouts);
 }
 
