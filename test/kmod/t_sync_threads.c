@@ -452,6 +452,33 @@ static int t_sync_irq_lock_holder(void)
 }
 
 /*
+ * The holder's scenario with the probe off before, its counts printed:
+ * 0, 77 when no tick stopped the holder in its gate, or a failure.
+ */
+static int in_run(bool inside, struct kreg_nf_sync_stats *st, double *ms)
+{
+	double t0;
+	int rc;
+
+	CHECK(probe_goes_off(), "the sys_exit probe stays on from before");
+	t0 = now_ns();
+	rc = in_change(false, inside);
+	if (rc)
+		return rc;
+	CHECK(sy_stats(st) == 0, "SYNC_STATS");
+	*ms = ms_since(t0);
+	printf("irq_releases %llu irq_next_held %llu irq_next_released %llu irq_unwatched %llu gate_timeouts %llu, %.0f ms\n",
+	       (unsigned long long)st->irq_releases,
+	       (unsigned long long)st->irq_next_held,
+	       (unsigned long long)st->irq_next_released,
+	       (unsigned long long)st->irq_unwatched,
+	       (unsigned long long)st->gate_timeouts, *ms);
+	if (!st->irq_releases)
+		return skip("the holder's tick never stopped it in its gate");
+	return 0;
+}
+
+/*
  * The thread the fuse let go owes its next call that can return an
  * address: its mmap is held at its end until the report (the module of
  * 1a2e22b let it return at once, 150 ms before the ack: a window); its
@@ -460,22 +487,11 @@ static int t_sync_irq_lock_holder(void)
 static int t_sync_irq_release_next_call_held(void)
 {
 	struct kreg_nf_sync_stats st;
-	double t0;
-	int rc;
+	double ms;
+	int rc = in_run(false, &st, &ms);
 
-	CHECK(probe_goes_off(), "the sys_exit probe stays on from before");
-	t0 = now_ns();
-	rc = in_change(false, false);
 	if (rc)
 		return rc;
-	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
-	printf("irq_releases %llu irq_next_held %llu irq_unwatched %llu gate_timeouts %llu, %.0f ms\n",
-	       (unsigned long long)st.irq_releases,
-	       (unsigned long long)st.irq_next_held,
-	       (unsigned long long)st.irq_unwatched,
-	       (unsigned long long)st.gate_timeouts, ms_since(t0));
-	if (!st.irq_releases)
-		return skip("the holder's tick never stopped it in its gate");
 	CHECK(g_in_after_lock, "the holder's next mmap returned before the report");
 	CHECK(g_in_getppid_ms >= 0 && g_in_getppid_ms < 20,
 	      "the holder's getppid, which returns no address, took %.1f ms",
@@ -500,25 +516,13 @@ static int t_sync_irq_release_next_call_held(void)
 static int t_sync_irq_next_call_inside_lock(void)
 {
 	struct kreg_nf_sync_stats st;
-	double t0;
-	int rc;
+	double ms;
+	int rc = in_run(true, &st, &ms);
 
-	CHECK(probe_goes_off(), "the sys_exit probe stays on from before");
-	t0 = now_ns();
-	rc = in_change(false, true);
 	if (rc)
 		return rc;
-	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
-	printf("irq_releases %llu irq_next_held %llu irq_next_released %llu gate_timeouts %llu, %.0f ms\n",
-	       (unsigned long long)st.irq_releases,
-	       (unsigned long long)st.irq_next_held,
-	       (unsigned long long)st.irq_next_released,
-	       (unsigned long long)st.gate_timeouts, ms_since(t0));
-	if (!st.irq_releases)
-		return skip("the holder's tick never stopped it in its gate");
-	CHECK(!st.gate_timeouts && ms_since(t0) < 2000,
-	      "gate_timeouts %llu after %.0f ms",
-	      (unsigned long long)st.gate_timeouts, ms_since(t0));
+	CHECK(!st.gate_timeouts && ms < 2000, "gate_timeouts %llu after %.0f ms",
+	      (unsigned long long)st.gate_timeouts, ms);
 	CHECK(st.irq_next_released >= 1, "irq_next_released %llu",
 	      (unsigned long long)st.irq_next_released);
 	CHECK(probe_goes_off(), "the sys_exit probe stays on after the report");
