@@ -31,6 +31,7 @@
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/compat.h>
 #include <linux/module.h>
 #include <linux/pid.h>
 #include <linux/ptrace.h>
@@ -397,6 +398,60 @@ static bool kreg_self_drains(struct kreg_sync *s)
 	return yes;
 }
 
+/* [start, start + len) holds no page of a change still unreported (lock held) */
+static bool kreg_gate_range_clean(struct kreg_sync *s, unsigned long start,
+				  unsigned long len)
+{
+	unsigned long end = start + PAGE_ALIGN(len);
+	u32 i;
+
+	if (end <= start)
+		return false;
+	for (i = 0; i < s->q_n; i++) {
+		struct kreg_sync_ent *e =
+			&s->q[(s->q_first + i) % KREG_NF_SYNC_QUEUE];
+
+		if (e->seq > s->done && e->start < end && start < e->end)
+			return false;
+	}
+	return true;
+}
+
+/*
+ * At the return from an mmap or mremap: the call handed the thread no page
+ * of a change still unreported (it failed, or what it mapped lies outside
+ * every such change; lock held). Such a thread obtained nothing stale,
+ * and may be inside a user-space lock that the report needs: UCX 1.13's
+ * rcache takes a page directory from a memory pool, which grows by an
+ * mmap, under the spinlock its unmap callback takes (UCP with 2 threads:
+ * held there, it timed the gate out while both reporters spun on the
+ * lock). Any other call, a compat one, or a handler's frame set up: no.
+ */
+static bool kreg_gate_call_clean(struct kreg_sync *s)
+{
+	struct pt_regs *regs = task_pt_regs(current);
+	long nr = syscall_get_nr(current, regs);
+	unsigned long args[6];
+	long ret;
+
+	if ((nr != __NR_mmap && nr != __NR_mremap) || in_compat_syscall() ||
+	    instruction_pointer(regs) == s->handler)
+		return false;
+	ret = syscall_get_return_value(current, regs);
+	if (IS_ERR_VALUE(ret))
+		return true;
+	syscall_get_arguments(current, regs, args);
+	/* what it mapped: mmap's length, mremap's new length */
+	if (!kreg_gate_range_clean(s, ret, nr == __NR_mmap ? args[1] : args[2]))
+		return false;
+	/*
+	 * and what mremap left behind: with MREMAP_DONTUNMAP the old range
+	 * stays mapped, emptied, and a touch there maps a new page at an
+	 * address the report is about
+	 */
+	return nr == __NR_mmap || kreg_gate_range_clean(s, args[0], args[1]);
+}
+
 /* a report is under way: some thread has DRAINed ranges it has not acked */
 static bool kreg_gate_report_under_way(struct kreg_sync *s)
 {
@@ -428,7 +483,9 @@ enum kreg_gate_end { KREG_GATE_REPORTED, KREG_GATE_TIMED_OUT, KREG_GATE_LET_GO }
  * threads, a thread stopped by its tick inside ucs_rcache_check_gc_list()
  * held the lock that both reporters spun on, until the gate timed out).
  * Such a thread goes on once a report has been under way for
- * KREG_GATE_IRQ_FUSE_MS without an end (counted: irq_releases). Its gate
+ * KREG_GATE_IRQ_FUSE_MS without an end (counted: irq_releases); so does a
+ * thread held at the return of an mmap or mremap that mapped nothing of an
+ * unreported change (kreg_gate_call_clean(), counted: call_releases). Its gate
  * is spent for this change, so it owes its next call that can return an
  * address (mmap, mremap, brk, shmat): the caller has kreg_probes.c hold
  * that at its end. That hold has a fuse too
@@ -483,7 +540,8 @@ static void kreg_gate_run(struct callback_head *cb)
 	/* not from a system call: an interrupt or an exception */
 	bool irq = syscall_get_nr(current, task_pt_regs(current)) < 0;
 	bool gone, nudged = false, waited = false, pass = false, owes = false;
-	bool owed_hold = false;
+	bool owed_hold = false, clean = false;
+	unsigned int fuse_ms;
 	enum kreg_gate_end end;
 	u64 target = 0, passed = 0;
 
@@ -518,6 +576,8 @@ static void kreg_gate_run(struct callback_head *cb)
 			list_add_tail(&g->idle, &s->idle);
 			break;
 		}
+		/* an owed call keeps its own fuse (kreg_probes.c) */
+		clean = !irq && !owed_hold && kreg_gate_call_clean(s);
 		spin_unlock(&s->lock);
 
 		/*
@@ -534,9 +594,11 @@ static void kreg_gate_run(struct callback_head *cb)
 		if (!waited)
 			kreg_sync_count(s, KREG_ST_GATE_WAITS);
 		waited = true;
-		end = kreg_gate_wait(s, target, deadline,
-				     owed_hold ? KREG_GATE_OWED_FUSE_MS :
-				     irq ? KREG_GATE_IRQ_FUSE_MS : 0, &nudged);
+		if (irq || clean)
+			fuse_ms = KREG_GATE_IRQ_FUSE_MS;
+		else
+			fuse_ms = owed_hold ? KREG_GATE_OWED_FUSE_MS : 0;
+		end = kreg_gate_wait(s, target, deadline, fuse_ms, &nudged);
 		if (end != KREG_GATE_REPORTED || fatal_signal_pending(current)) {
 			/* let go (counted), or dying */
 			spin_lock(&s->lock);
@@ -544,15 +606,21 @@ static void kreg_gate_run(struct callback_head *cb)
 				gone = true;
 				break;
 			}
+			/* a change queued meanwhile unmapped what it mapped */
+			if (end == KREG_GATE_LET_GO && clean &&
+			    !kreg_gate_call_clean(s)) {
+				spin_unlock(&s->lock);
+				continue;
+			}
 			g->state = KREG_GATE_IDLE;
 			list_add_tail(&g->idle, &s->idle);
 			owes = end == KREG_GATE_LET_GO && !s->dead &&
 			       s->done < target &&
 			       !fatal_signal_pending(current);
 			if (end == KREG_GATE_LET_GO)
-				kreg_sync_count(s, owed_hold ?
-						KREG_ST_IRQ_NEXT_RELEASED :
-						KREG_ST_IRQ_RELEASES);
+				kreg_sync_count(s, irq ? KREG_ST_IRQ_RELEASES :
+						clean ? KREG_ST_CALL_RELEASES :
+						KREG_ST_IRQ_NEXT_RELEASED);
 			if (owes) {
 				g->owed = target;
 				s->owed_until = max(s->owed_until, target);

@@ -183,7 +183,11 @@ struct kreg_nf_event {
  *    reporters need) and a thread that has exec'ed. After 2 ms a waiting gate wakes the
  *    dispatcher. A thread held at a return from an interrupt or exception
  *    goes on once a report has waited 50 ms for it (it may hold a
- *    user-space lock the report needs: irq_releases); its next system call
+ *    user-space lock the report needs: irq_releases), and so does a
+ *    thread held at the return of an mmap or mremap that failed or mapped
+ *    nothing of an unreported change (call_releases: such a lock holder
+ *    obtained nothing stale; one that mapped a freed address is held, it
+ *    is the race). Its next system call
  *    that can return an address (mmap, mremap, brk, shmat) is then held
  *    at its end (irq_next_held, through a probe on the kernel's sys_exit
  *    tracepoint while such a report is unfinished), 250 ms at most, for it
@@ -330,6 +334,13 @@ struct kreg_nf_sync_stats {
 	 * returned before the report, a window; the thread owes its next one
 	 */
 	__u64 irq_next_released;
+	/*
+	 * threads held at the return of an mmap or mremap that failed or
+	 * mapped nothing of an unreported change, let go as irq_releases
+	 * (they may hold a lock the report needs; their next call that can
+	 * return an address is held): they obtained nothing stale
+	 */
+	__u64 call_releases;
 };
 
 #define KREG_NF_SYNC_QUEUE 64

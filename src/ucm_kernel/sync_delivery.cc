@@ -213,8 +213,8 @@ void sync_drain()
     }
     g_drained.fetch_add(drain_all(fd), std::memory_order_relaxed);
     /* What no handler carried: said once, counted in kreg_get_stats. Once
-     * all six are said, the reader asks the module for no counts. */
-    if (g_warned.load(std::memory_order_relaxed) == 63) {
+     * all seven are said, the reader asks the module for no counts. */
+    if (g_warned.load(std::memory_order_relaxed) == 127) {
         return;
     }
     const kreg_nf_sync_stats st = module_stats(fd);
@@ -242,11 +242,17 @@ void sync_drain()
          "interrupt held up its report (a lock UCX's report needs): that "
          "thread went on after 50 ms, its next mmap, mremap, brk or shmat "
          "held until the report"},
+        /* the same, at the return of an mmap that mapped nothing stale */
+        {st.call_releases, 64, false, "changed while a thread whose mmap "
+         "returned inside a lock UCX's report needs held up its report: that "
+         "thread went on after 50 ms (its mmap mapped nothing of the "
+         "change), its next mmap, mremap, brk or shmat held until the "
+         "report"},
         {st.irq_unwatched + st.irq_next_released, 32, true, "changed while "
-         "a thread stopped at an interrupt held up its report (a lock UCX's "
-         "report needs): that thread went on after 50 ms, and a system call "
-         "it made inside that lock, or one the module could not watch, "
-         "returned before the report"},
+         "a thread stopped at an interrupt or an mmap held up its report (a "
+         "lock UCX's report needs): that thread went on after 50 ms, and a "
+         "system call it made inside that lock, or one the module could not "
+         "watch, returned before the report"},
     };
     for (const once &o : said) {
         if ((o.count != 0) && !(g_warned.fetch_or(o.bit) & o.bit) &&
@@ -293,6 +299,7 @@ void sync_add_stats(kreg_stats_t *stats)
     stats->sync.irq_unwatched += st.irq_unwatched;
     stats->sync.born_held     += st.born_held;
     stats->sync.irq_next_released += st.irq_next_released;
+    stats->sync.call_releases += st.call_releases;
 }
 
 } // namespace kreg

@@ -213,6 +213,11 @@ typedef struct {
         uint64_t irq_next_released;    /* of irq_next_held, let go after
                                           250 ms more (made inside the lock
                                           the report needs): a window       */
+        uint64_t call_releases;        /* threads held at the return of an
+                                          mmap or mremap that mapped nothing
+                                          of the change, let go as
+                                          irq_releases (a lock the report
+                                          needs); next call held the same   */
     } sync;
 } kreg_stats_t;
 

@@ -5,6 +5,7 @@
  */
 #include "nf_test.h"
 
+#include <linux/userfaultfd.h>
 #include <sched.h>
 
 #define fmax(a, b) ((a) > (b) ? (a) : (b))
@@ -526,6 +527,196 @@ static int t_sync_irq_next_call_inside_lock(void)
 	CHECK(st.irq_next_released >= 1, "irq_next_released %llu",
 	      (unsigned long long)st.irq_next_released);
 	CHECK(probe_goes_off(), "the sys_exit probe stays on after the report");
+	return 0;
+}
+
+/*
+ * A thread inside a user-space lock that the report needs returns from an
+ * mmap or mremap after the change (UCX 1.13's rcache grows the memory pool
+ * of its page directories, an mmap, under the spinlock its unmap callback
+ * takes: UCP with 2 threads had a gate time out at that mmap's return
+ * while both reporters spun on the lock). The reporter, once past the
+ * lock, takes 150 ms more to ack.
+ *
+ * The holder's call: an mremap of a userfaultfd-registered page to a page
+ * chosen before (MREMAP_FIXED: nothing of the change), which waits in the
+ * kernel until the REMAP event is read, and the reporter reads it (a
+ * reporter is not held): so it returns while the change is unreported,
+ * whatever the timing. With at_freed, an mmap of the freed address itself
+ * (MAP_FIXED_NOREPLACE, until the munmap has freed it): the race the
+ * gates close.
+ */
+static pthread_spinlock_t g_cl_lock;
+static volatile bool g_cl_go, g_cl_reporting, g_cl_holding, g_cl_acked;
+static volatile bool g_cl_at_freed, g_cl_mapped_acked, g_cl_after;
+static void *volatile g_cl_freed, *volatile g_cl_page, *volatile g_cl_to;
+static int g_cl_uffd = -1;
+static volatile double g_cl_held_ms;
+
+static void cl_reporting(void)
+{
+	struct uffd_msg m;
+
+	g_cl_reporting = true;
+	/* the holder's REMAP event: its mremap returns into the report */
+	if (g_cl_uffd >= 0 && (read(g_cl_uffd, &m, sizeof(m)) != sizeof(m) ||
+			       m.event != UFFD_EVENT_REMAP))
+		fprintf(stderr, "the REMAP event: %s\n", strerror(errno));
+	pthread_spin_lock(&g_cl_lock);
+	pthread_spin_unlock(&g_cl_lock);
+	usleep(150000);
+	g_cl_acked = true;	/* just before the ack: a stricter check */
+}
+
+static void *cl_holder(void *a)
+{
+	void *p;
+	double t0;
+
+	(void)a;
+	pthread_spin_lock(&g_cl_lock);
+	g_cl_holding = true;
+	while (!g_cl_go)
+		;
+	t0 = now_ns();
+	if (g_cl_at_freed) {
+		do
+			p = mmap(g_cl_freed, 4096, PROT_READ, MAP_PRIVATE |
+				 MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+		while (p == MAP_FAILED && errno == EEXIST);
+	} else {
+		p = mremap(g_cl_page, 4096, 4096,
+			   MREMAP_MAYMOVE | MREMAP_FIXED, g_cl_to);
+	}
+	g_cl_mapped_acked = g_cl_acked;
+	g_cl_held_ms = ms_since(t0);
+	pthread_spin_unlock(&g_cl_lock);
+	if (p != (g_cl_at_freed ? g_cl_freed : g_cl_to))
+		g_cl_held_ms = -1;	/* it did not map what it asked for */
+	if (p != MAP_FAILED)
+		munmap(p, 4096);
+	in_mmap();	/* its next call that returns an address */
+	g_cl_after = g_cl_acked;
+	return NULL;
+}
+
+/* a userfaultfd with a page registered, whose mremap waits for its event */
+static int cl_uffd_page(void)
+{
+	struct uffdio_api api = { .api = UFFD_API,
+				  .features = UFFD_FEATURE_EVENT_REMAP };
+	struct uffdio_register reg = { .mode = UFFDIO_REGISTER_MODE_MISSING };
+
+	g_cl_uffd = syscall(SYS_userfaultfd, O_CLOEXEC);
+	if (g_cl_uffd < 0)
+		return skip("userfaultfd: %s", strerror(errno));
+	if (ioctl(g_cl_uffd, UFFDIO_API, &api))
+		return skip("UFFDIO_API with EVENT_REMAP: %s", strerror(errno));
+	g_cl_page = anon(4096);
+	g_cl_to = anon(4096);	/* the page it moves to: free again */
+	CHECK(g_cl_page && g_cl_to && munmap(g_cl_to, 4096) == 0, "pages");
+	reg.range.start = (uintptr_t)g_cl_page;
+	reg.range.len = 4096;
+	CHECK(ioctl(g_cl_uffd, UFFDIO_REGISTER, &reg) == 0, "UFFDIO_REGISTER");
+	return 0;
+}
+
+/* the scenario, with a gate timeout of timeout_ms; *ms: in all */
+static int cl_run(bool at_freed, int timeout_ms,
+		  struct kreg_nf_sync_stats *st, double *ms)
+{
+	struct pinned pa;
+	pthread_t h;
+	double t0;
+	int rc;
+
+	CHECK(probe_goes_off(), "the sys_exit probe stays on from before");
+	g_cl_go = g_cl_reporting = g_cl_holding = g_cl_acked = false;
+	g_cl_mapped_acked = g_cl_after = false;
+	g_cl_held_ms = -1;
+	g_cl_at_freed = at_freed;
+	CHECK(pthread_spin_init(&g_cl_lock, PTHREAD_PROCESS_PRIVATE) == 0,
+	      "pthread_spin_init");
+	CHECK(sy_start(SY_SIGNO, timeout_ms, false) == 0, "SYNC_START");
+	rc = pinned_new(&pa, LEN);
+	if (rc)
+		return rc;
+	g_sy.want_start = (uintptr_t)pa.p;
+	g_sy.want_end = (uintptr_t)pa.p + LEN;
+	g_cl_freed = pa.p;
+	g_cl_uffd = -1;
+	if (!at_freed) {
+		rc = cl_uffd_page();
+		if (rc)
+			return rc;
+	}
+	CHECK(pthread_create(&h, NULL, cl_holder, NULL) == 0, "pthread_create");
+	while (!g_cl_holding)
+		;
+	g_sy.reporting = cl_reporting;
+	t0 = now_ns();
+	g_cl_go = true;
+	CHECK(pinned_free(&pa) == 0, "munmap");
+	CHECK(g_sy.reported, "munmap returned before its report");
+	pthread_join(h, NULL);
+	*ms = ms_since(t0);
+	if (g_cl_uffd >= 0)
+		close(g_cl_uffd);
+	g_cl_uffd = -1;
+	CHECK(sy_stats(st) == 0, "SYNC_STATS");
+	printf("the holder's %s returned after %.0f ms (%s the ack); call_releases %llu irq_releases %llu irq_next_held %llu irq_next_released %llu irq_unwatched %llu gate_timeouts %llu, %.0f ms in all; probe puts %ld\n",
+	       at_freed ? "mmap" : "mremap", g_cl_held_ms,
+	       g_cl_mapped_acked ? "after" : "before",
+	       (unsigned long long)st->call_releases,
+	       (unsigned long long)st->irq_releases,
+	       (unsigned long long)st->irq_next_held,
+	       (unsigned long long)st->irq_next_released,
+	       (unsigned long long)st->irq_unwatched,
+	       (unsigned long long)st->gate_timeouts, *ms,
+	       sysval("sys_exit_probe_puts"));
+	return 0;
+}
+
+/*
+ * Its call maps nothing of the change: let go after the fuse (counted
+ * call_releases; the module of 0dd8951 held it for the whole timeout, 5 s),
+ * and its next mmap, after the lock, is held until the ack.
+ */
+static int t_sync_call_inside_lock(void)
+{
+	struct kreg_nf_sync_stats st;
+	double ms;
+	int rc = cl_run(false, 5000, &st, &ms);
+
+	if (rc)
+		return rc;
+	CHECK(g_cl_held_ms >= 0, "the holder's mremap failed");
+	CHECK(!st.gate_timeouts && st.call_releases >= 1 && ms < 2000,
+	      "gate_timeouts %llu call_releases %llu after %.0f ms",
+	      (unsigned long long)st.gate_timeouts,
+	      (unsigned long long)st.call_releases, ms);
+	CHECK(g_cl_after, "the holder's next mmap returned before the report");
+	CHECK(probe_goes_off(), "the sys_exit probe stays on after the report");
+	return 0;
+}
+
+/*
+ * Its mmap maps the freed address itself: no fuse lets that return before
+ * the report uncounted. Only the gate timeout, 1 s, lets it go (or, if a
+ * failed try was let go first, the owed call's fuse), counted as the
+ * window it is.
+ */
+static int t_sync_call_freed_address_held(void)
+{
+	struct kreg_nf_sync_stats st;
+	double ms;
+	int rc = cl_run(true, 1000, &st, &ms);
+
+	if (rc)
+		return rc;
+	CHECK(g_cl_held_ms >= 0, "the holder never mapped the freed address");
+	CHECK(g_cl_mapped_acked || st.gate_timeouts || st.irq_next_released,
+	      "the freed address was mapped again before the report, with no window counted");
 	return 0;
 }
 
@@ -1216,6 +1407,9 @@ const struct nf_test nf_tests_sync_threads[] = {
 	  NULL, NULL },
 	{ "sync-irq-debt-killed", t_sync_irq_debt_killed, NULL, NULL },
 	{ "sync-irq-next-call-inside-lock", t_sync_irq_next_call_inside_lock,
+	  NULL, NULL },
+	{ "sync-call-inside-lock", t_sync_call_inside_lock, NULL, NULL },
+	{ "sync-call-freed-address-held", t_sync_call_freed_address_held,
 	  NULL, NULL },
 	{ "sync-born-held", t_sync_born_held, NULL, NULL },
 	{ "sync-sleepers-not-walked", t_sync_sleepers_not_walked, NULL, NULL },
