@@ -71,11 +71,17 @@ static DECLARE_DELAYED_WORK(kreg_probe_off_work, kreg_probe_off);
  */
 static bool kreg_returns_address(struct pt_regs *regs)
 {
-	long nr;
+	long nr = syscall_get_nr(current, regs);
 
+	/*
+	 * None: rt_sigreturn (its orig_ax is -1, which in_compat_syscall()
+	 * takes for an x32 call) or a call a tracer skipped. Held there, a
+	 * thread whose handler ran inside the lock would wait for the fuse.
+	 */
+	if (nr < 0)
+		return false;
 	if (in_compat_syscall())
 		return true;
-	nr = syscall_get_nr(current, regs);
 	return nr == __NR_mmap || nr == __NR_mremap || nr == __NR_brk ||
 	       nr == __NR_shmat;
 }

@@ -347,7 +347,12 @@ static int t_sync_reporter_not_held(void)
 static pthread_spinlock_t g_il_lock;
 static volatile bool g_il_go, g_il_holding;
 static volatile bool g_in_after_lock, g_in_acked, g_in_forever, g_in_inside;
-static volatile double g_in_getppid_ms;
+static volatile double g_in_getppid_ms, g_in_signal_ms;
+
+static void in_sigusr1(int sig)
+{
+	(void)sig;
+}
 
 static void in_reporting(void)
 {
@@ -384,6 +389,9 @@ static void *in_holder(void *a)
 	t0 = now_ns();
 	syscall(SYS_getppid);	/* returns no address: not held */
 	g_in_getppid_ms = ms_since(t0);
+	t0 = now_ns();
+	raise(SIGUSR1);		/* nor do tgkill and rt_sigreturn */
+	g_in_signal_ms = ms_since(t0);
 	in_mmap();
 	g_in_after_lock = g_in_acked;
 	return NULL;
@@ -397,7 +405,8 @@ static int in_change(bool forever, bool inside)
 	int rc;
 
 	g_il_go = g_il_holding = g_in_after_lock = g_in_acked = false;
-	g_in_getppid_ms = -1;
+	g_in_getppid_ms = g_in_signal_ms = -1;
+	CHECK(signal(SIGUSR1, in_sigusr1) != SIG_ERR, "signal");
 	g_in_forever = forever;
 	g_in_inside = inside;
 	CHECK(pthread_spin_init(&g_il_lock, PTHREAD_PROCESS_PRIVATE) == 0,
@@ -497,6 +506,9 @@ static int t_sync_irq_release_next_call_held(void)
 	CHECK(g_in_getppid_ms >= 0 && g_in_getppid_ms < 20,
 	      "the holder's getppid, which returns no address, took %.1f ms",
 	      g_in_getppid_ms);
+	CHECK(g_in_signal_ms >= 0 && g_in_signal_ms < 20,
+	      "the holder's signal to itself (tgkill, its handler, rt_sigreturn) took %.1f ms",
+	      g_in_signal_ms);
 	CHECK(st.irq_next_held >= 1 && !st.irq_unwatched && !st.gate_timeouts,
 	      "irq_next_held %llu irq_unwatched %llu gate_timeouts %llu",
 	      (unsigned long long)st.irq_next_held,
