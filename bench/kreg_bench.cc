@@ -51,6 +51,7 @@
 #include "bench_util.h"
 #include "busy_load.h"
 
+#include <algorithm>
 #include <map>
 
 using namespace bench;
@@ -445,6 +446,20 @@ int parent_busy(int reps)
     return rc;
 }
 
+std::vector<std::string> split_list(const std::string &v)
+{
+    std::vector<std::string> out;
+    size_t b = 0;
+    for (;;) {
+        const size_t e = v.find(',', b);
+        out.push_back(v.substr(b, e == std::string::npos ? std::string::npos : e - b));
+        if (e == std::string::npos) {
+            return out;
+        }
+        b = e + 1;
+    }
+}
+
 /* --threads: P3 with other threads in the process (asleep, spinning in
  * user space, making system calls), T of them, hooks against synchronous
  * delivery ("sync" where the module is loaded, else "sync_user", the
@@ -453,13 +468,11 @@ int parent_busy(int reps)
  * (P3(T)/P3(1), the issue's goal, and P3(T)/P3(0); ratios within a run),
  * and the other threads' own rate during P3,
  * sync against hooks. */
-int parent_threads(int reps)
+int parent_threads(int reps, const std::vector<std::string> &kinds,
+                   const std::vector<int> &counts)
 {
     const std::string sync = notifier_is_default() ? "sync" : "sync_user";
     const std::vector<std::string> cfgs = {"hooks", sync};
-    const std::vector<std::string> kinds = {"asleep", "spinning", "syscalls"};
-    /* the goal is against T = 1; T = 0 is the stricter base */
-    const std::vector<int> counts = {0, 1, 4, 16, 64, 1024};
     std::map<std::string, std::map<int, std::vector<run_timings>>> runs;
     std::string backend_line;
     int rc = 0;
@@ -509,14 +522,46 @@ int parent_threads(int reps)
                     }
                 }
             }
+            summary b, cpu;
             if (n > 0 && kind != "asleep") {
-                const summary b = summarize({"P3T", "P3.bg_rate", sync, "hooks",
-                                             "P3.bg_rate", ""}, r);
+                b   = summarize({"P3T", "P3.bg_rate", sync, "hooks", "P3.bg_rate", ""}, r);
+                cpu = summarize({"P3T", "P3.bg_cpu", sync, "hooks", "P3.bg_cpu", ""}, r);
                 if (b.ok) {
                     printf("  their rate %s/hooks %.3f", sync.c_str(), b.ratio);
                 }
             }
             printf("\n");
+            /* what the other threads did against what they ran: a rate
+             * lost with its CPU time was taken (holds, the CPU given to
+             * another thread), one lost at the same CPU time was slowed */
+            if (b.ok && cpu.ok) {
+                printf("# %s T=%d: their rate %s/hooks over %zu runs %.3f..%.3f; their "
+                       "CPUs %.3f (%.3f vs %.3f CPUs)", kind.c_str(), n, sync.c_str(), b.n,
+                       b.lo, b.hi, cpu.ratio, cpu.a, cpu.b);
+                std::vector<double> held, slept;
+                for (const run_timings &x : r) {
+                    double v;
+                    if (value(x, sync, "P3.held", &v)) {
+                        held.push_back(v);
+                    }
+                    if (value(x, sync, "P3.held_waits", &v)) {
+                        slept.push_back(v);
+                    }
+                }
+                if (!held.empty() && !slept.empty()) {
+                    printf("; holds %.0f/s, of them slept %.0f/s", median(held),
+                           median(slept));
+                }
+                printf("\n# %s T=%d: their rate, run by run (%s, hooks, 1e6/s):", kind.c_str(),
+                       n, sync.c_str());
+                for (const run_timings &x : r) {
+                    double v, h;
+                    if (value(x, sync, "P3.bg_rate", &v) && value(x, "hooks", "P3.bg_rate", &h)) {
+                        printf(" %.1f,%.1f", v / 1e6, h / 1e6);
+                    }
+                }
+                printf("\n");
+            }
             if (s.ok) {
                 printf("# raw %s T=%d: %.1f vs %.1f us (medians); ratio over %zu runs "
                        "%.2f..%.2f\n", kind.c_str(), n, s.a / 1e3, s.b / 1e3, s.n,
@@ -537,6 +582,9 @@ int main(int argc, char **argv)
     std::string cfg;
     int reps  = 7;
     bool busy = false, threads = false;
+    std::vector<std::string> kinds = {"asleep", "spinning", "syscalls"};
+    /* the goal is against T = 1; T = 0 is the stricter base */
+    std::vector<int> counts = {0, 1, 4, 16, 64, 1024};
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--child" && i + 1 < argc) {
@@ -558,13 +606,28 @@ int main(int argc, char **argv)
             const size_t colon  = v.find(':');
             g_bg_kind = v.substr(0, colon);
             g_bg_n    = (colon == std::string::npos) ? 0 : atoi(v.c_str() + colon + 1);
+        } else if (a == "--kinds" && i + 1 < argc) {
+            kinds = split_list(argv[++i]);
+        } else if (a == "--counts" && i + 1 < argc) {
+            counts.clear();
+            for (const std::string &n : split_list(argv[++i])) {
+                char *end;
+                const long v = strtol(n.c_str(), &end, 10);
+                if (n.empty() || (*end != '\0') || (v < 0) || (v > 4096)) {
+                    fprintf(stderr, "%s: --counts: '%s' is not a number of threads 0..4096\n",
+                            argv[0], n.c_str());
+                    return 2;
+                }
+                counts.push_back(static_cast<int>(v));
+            }
         } else if (a == "--quick") {
             reps        = 2;
             g_target_ms = 5;
             g_inner     = 1;
         } else {
             fprintf(stderr,
-                    "usage: %s [--busy|--threads] [--reps N] [--ms MS] [--inner K] "
+                    "usage: %s [--busy|--threads [--kinds asleep,spinning,syscalls] "
+                    "[--counts 0,1,4,16,64,1024]] [--reps N] [--ms MS] [--inner K] "
                     "[--quick]\n", argv[0]);
             return 2;
         }
@@ -573,7 +636,22 @@ int main(int argc, char **argv)
         return child(cfg);
     }
     if (threads) {
-        return parent_threads(reps);
+        for (const std::string &k : kinds) {
+            if ((k != "asleep") && (k != "spinning") && (k != "syscalls")) {
+                fprintf(stderr, "%s: --kinds: '%s' is none of asleep, spinning, syscalls\n",
+                        argv[0], k.c_str());
+                return 2;
+            }
+        }
+        /* P3(T)/P3(1) and P3(T)/P3(0) need their bases in the run */
+        for (int base : {1, 0}) {
+            if (std::find(counts.begin(), counts.end(), base) == counts.end()) {
+                counts.insert(counts.begin(), base);
+            }
+        }
+        std::sort(counts.begin(), counts.end());
+        counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+        return parent_threads(reps, kinds, counts);
     }
     return busy ? parent_busy(reps) : parent(reps);
 }

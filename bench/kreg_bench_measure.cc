@@ -303,6 +303,29 @@ void measure_free_cached(bench_cache *c)
  * 0, with 2 CPUs or more), so that P3 measures the mechanism, not the
  * scheduler's share of a CPU. Each counts its iterations in a cache line
  * of its own. */
+/* A spinning or calling thread: at SCHED_IDLE on every CPU but 0, counting
+ * its iterations in *n until *stop. */
+void spin_elsewhere(bool calls, std::atomic<uint64_t> *n, const std::atomic<bool> *stop)
+{
+    struct sched_param sp = {};
+    pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
+    const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu >= 2) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (long c = 1; c < ncpu; ++c) {
+            CPU_SET(c, &set);
+        }
+        pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+    }
+    while (!stop->load(std::memory_order_relaxed)) {
+        if (calls) {
+            syscall(SYS_getppid);
+        }
+        n->fetch_add(1, std::memory_order_relaxed);
+    }
+}
+
 class background {
 public:
     bool start(const std::string &kind, int n)
@@ -349,6 +372,22 @@ public:
         return s;
     }
 
+    /* CPU time of all threads so far, ns: what they ran, as against what
+     * they did (a thread held, or its CPU taken, runs less) */
+    uint64_t cpu_ns() const
+    {
+        uint64_t s = 0;
+        for (pthread_t t : threads_) {
+            clockid_t id;
+            struct timespec ts;
+            if ((pthread_getcpuclockid(t, &id) == 0) && (clock_gettime(id, &ts) == 0)) {
+                s += static_cast<uint64_t>(ts.tv_sec) * 1000000000u +
+                     static_cast<uint64_t>(ts.tv_nsec);
+            }
+        }
+        return s;
+    }
+
     void stop()
     {
         stop_.store(true);
@@ -387,28 +426,7 @@ private:
             }
             return;
         }
-        struct sched_param sp = {};
-        pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
-        const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        if (ncpu >= 2) {
-            cpu_set_t set;
-            CPU_ZERO(&set);
-            for (long c = 1; c < ncpu; ++c) {
-                CPU_SET(c, &set);
-            }
-            pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-        }
-        std::atomic<uint64_t> &n = count_[static_cast<size_t>(i)].v;
-        if (kind == "syscalls") {
-            while (!stop_.load(std::memory_order_relaxed)) {
-                syscall(SYS_getppid);
-                n.fetch_add(1, std::memory_order_relaxed);
-            }
-        } else {
-            while (!stop_.load(std::memory_order_relaxed)) {
-                n.fetch_add(1, std::memory_order_relaxed);
-            }
-        }
+        spin_elsewhere(kind == "syscalls", &count_[static_cast<size_t>(i)].v, &stop_);
     }
 
     int                      pipe_[2] = {-1, -1};
@@ -419,20 +437,31 @@ private:
 };
 
 /* P3 with the other threads running; their iterations per second during
- * it (spinning and system-call threads) as "P3.bg_rate". */
+ * it (spinning and system-call threads) as "P3.bg_rate", the CPUs they
+ * had as "P3.bg_cpu" (1 = one CPU throughout), and synchronous delivery's
+ * holds (gates armed: the measured thread's own and the others' that ran
+ * since the last change) and those that slept, a second, as "P3.held" and
+ * "P3.held_waits". */
 void measure_free_cached_with(bench_cache *c)
 {
     background bg;
     if (!bg.start(g_bg_kind, g_bg_n)) {
         die("background threads");
     }
-    const uint64_t i0 = bg.iterations(), t0 = now_ns();
+    kreg_stats_t s0{}, s1{};
+    kreg_get_stats(&s0);
+    const uint64_t i0 = bg.iterations(), c0 = bg.cpu_ns(), t0 = now_ns();
     measure_free_cached(c);
-    const uint64_t i1 = bg.iterations(), t1 = now_ns();
+    const uint64_t i1 = bg.iterations(), c1 = bg.cpu_ns(), t1 = now_ns();
+    kreg_get_stats(&s1);
     bg.stop();
     if (g_bg_n > 0) {
-        result("P3.bg_rate", static_cast<double>(i1 - i0) * 1e9 /
-                             static_cast<double>(t1 - t0));
+        const double wall = static_cast<double>(t1 - t0);
+        result("P3.bg_rate", static_cast<double>(i1 - i0) * 1e9 / wall);
+        result("P3.bg_cpu", static_cast<double>(c1 - c0) / wall);
+        result("P3.held", static_cast<double>(s1.sync.held - s0.sync.held) * 1e9 / wall);
+        result("P3.held_waits",
+               static_cast<double>(s1.sync.held_waits - s0.sync.held_waits) * 1e9 / wall);
     }
 }
 
