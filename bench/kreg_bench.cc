@@ -538,9 +538,12 @@ int parent_threads(int reps, const std::vector<std::string> &kinds,
                 printf("# %s T=%d: their rate %s/hooks over %zu runs %.3f..%.3f; their "
                        "CPUs %.3f (%.3f vs %.3f CPUs)", kind.c_str(), n, sync.c_str(), b.n,
                        b.lo, b.hi, cpu.ratio, cpu.a, cpu.b);
-                std::vector<double> held, slept;
+                std::vector<double> queued, held, slept;
                 for (const run_timings &x : r) {
                     double v;
+                    if (value(x, sync, "P3.queued", &v)) {
+                        queued.push_back(v);
+                    }
                     if (value(x, sync, "P3.held", &v)) {
                         held.push_back(v);
                     }
@@ -548,9 +551,15 @@ int parent_threads(int reps, const std::vector<std::string> &kinds,
                         slept.push_back(v);
                     }
                 }
-                if (!held.empty() && !slept.empty()) {
-                    printf("; holds %.0f/s, of them slept %.0f/s", median(held),
-                           median(slept));
+                if (!queued.empty() && !held.empty() && !slept.empty()) {
+                    printf("; changes queued %.0f/s, holds %.0f/s, of them slept %.0f/s",
+                           median(queued), median(held), median(slept));
+                }
+                /* the mechanism ran: P3's pinned change went through the
+                 * module (an unpinned P3 measured UCM's hooks instead) */
+                if ((sync == "sync") && !queued.empty() && (median(queued) == 0)) {
+                    printf("\n# error: the module queued no change during P3");
+                    rc = 1;
                 }
                 printf("\n# %s T=%d: their rate, run by run (%s, hooks, 1e6/s):", kind.c_str(),
                        n, sync.c_str());

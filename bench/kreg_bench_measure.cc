@@ -460,6 +460,7 @@ void measure_free_cached_with(bench_cache *c)
         result("P3.bg_rate", static_cast<double>(i1 - i0) * 1e9 / wall);
         result("P3.bg_cpu", static_cast<double>(c1 - c0) / wall);
         result("P3.held", static_cast<double>(s1.sync.held - s0.sync.held) * 1e9 / wall);
+        result("P3.queued", static_cast<double>(s1.sync.queued - s0.sync.queued) * 1e9 / wall);
         result("P3.held_waits",
                static_cast<double>(s1.sync.held_waits - s0.sync.held_waits) * 1e9 / wall);
     }
@@ -568,9 +569,23 @@ int child(const std::string &config)
         !g_p2p4_only) {
         measure_unregistered();
     }
+    /* P3's buffers are pinned (io_uring fixed buffers), as a registration
+     * pins: synchronous delivery queues and reports only changes of
+     * pinned pages, so without the pin its P3 measured UCM's hooks */
+    page_pinner p3_pin;
+    if (!p3_pin.open(16)) {
+        fprintf(stderr, "bench: P3 needs io_uring fixed buffers\n");
+        cache_destroy(&c);
+        if (kernel) {
+            kreg_stop();
+        }
+        return 3;
+    }
     if (g_bg_n >= 0) {
+        c.pinner = &p3_pin;
         measure_free_cached_with(&c);
         cache_destroy(&c);
+        p3_pin.close();
         if (kernel) {
             kreg_stop();
         }
@@ -578,12 +593,14 @@ int child(const std::string &config)
     }
     measure_hits(&c);
     if (full) {
+        c.pinner = &p3_pin;
         measure_free_cached(&c);
     }
     if (kernel && full && !stock_cache) {
         measure_miss_watch();
     }
     cache_destroy(&c);
+    p3_pin.close();
     if (kernel) {
         if (c.refusals.load()) {
             fprintf(stderr, "bench: %lu watches refused\n",
