@@ -195,7 +195,9 @@ struct kreg_nf_event {
  *    thread owes its next one). A
  *    thread that clone() makes while a change is unreported is held at its
  *    first return (born_held, a probe on sched_process_fork while delivery
- *    runs). Threads in user space are never interrupted, and a change
+ *    runs). The module interrupts no thread in user space (but the
+ *    TLB shootdown of an unmap does, and a gate holds the thread it
+ *    interrupted until the report), and a change
  *    costs nothing per thread that did not enter the kernel since the
  *    last one.
  * Pages that are not pinned are not queued: memory that was never
