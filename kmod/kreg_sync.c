@@ -421,7 +421,7 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 		put_pid(owner);
 	} else {
 		if (list_empty(&kreg_syncs))
-			kreg_fork_probe_set(true);
+			kreg_started_probes_set(true);
 		list_add_rcu(&s->live, &kreg_syncs);
 	}
 out:
@@ -450,7 +450,7 @@ void kreg_sync_stop_locked(struct kreg_sync *s)
 	spin_unlock(&s->lock);
 	wake_up_all(&s->wq);
 	wake_up_interruptible_poll(&s->poll_wq, EPOLLIN | EPOLLRDNORM);
-	kreg_owed_settled(s);
+	kreg_owed_stopped(s);
 	kreg_gates_reap(&reap);
 	/* waits for callbacks in progress */
 	mmu_notifier_unregister(&s->mn, s->mm);
@@ -461,7 +461,7 @@ void kreg_sync_stop_locked(struct kreg_sync *s)
 	mutex_lock(&kreg_syncs_lock);
 	list_del_rcu(&s->live);
 	if (list_empty(&kreg_syncs))
-		kreg_fork_probe_set(false);
+		kreg_started_probes_set(false);
 	/* the fork probe's walk is past s before s is started or freed again */
 	synchronize_rcu();
 	INIT_LIST_HEAD(&s->live);
@@ -480,6 +480,24 @@ void kreg_sync_born(struct task_struct *child)
 	list_for_each_entry_rcu(s, &kreg_syncs, live)
 		if (s->mm == child->mm) {
 			kreg_gate_born(s, child);
+			break;
+		}
+	rcu_read_unlock();
+}
+
+/*
+ * The page-fault probes (kreg_probes.c): current faults at addr, a user
+ * address, in user space or in a system call's copy.
+ */
+void kreg_sync_fault(unsigned long addr)
+{
+	struct mm_struct *mm = current->mm;
+	struct kreg_sync *s;
+
+	rcu_read_lock();
+	list_for_each_entry_rcu(s, &kreg_syncs, live)
+		if (s->mm == mm) {
+			kreg_gate_fault(s, addr);
 			break;
 		}
 	rcu_read_unlock();
@@ -580,10 +598,8 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 	s->need_reader = false;
 	snap = s->seq;
 	spin_unlock(&s->lock);
-	if (acked) {
+	if (acked)
 		wake_up_all(&s->wq);
-		kreg_owed_settled(s);
-	}
 
 	/* the changes queued so far end soon: they are being zapped now */
 	if (!kreg_sync_settled(s, snap)) {
@@ -624,10 +640,8 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 	/* the caller reports what it got, until a DRAIN that gets nothing */
 	kreg_gate_reporting(s, current, n);
 	spin_unlock(&s->lock);
-	if (acked) {
+	if (acked)
 		wake_up_all(&s->wq);
-		kreg_owed_settled(s);
-	}
 	arg.count = n;
 	if (n)
 		kreg_sync_count(s, KREG_ST_DRAINS);
