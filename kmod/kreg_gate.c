@@ -10,7 +10,9 @@
  *            without a kick): the thread runs it at its next return to user
  *            space, from a system call, a fault or an interrupt (its tick).
  *            Nothing interrupts a thread that stays in user space.
- *   RUNNING  its thread waits in it, if a change is unreported.
+ *   RUNNING  its thread waits in it, if a change is unreported (not at
+ *            a return from an interrupt where faults are watched: the
+ *            thread goes on and owes, kreg_gate_run()).
  *   IDLE     ran since the last change, on sync->idle.
  *   EXEMPT   the reader's: never held.
  * A change arms the IDLE gates only, so it costs nothing per thread that
@@ -516,7 +518,8 @@ enum kreg_gate_end { KREG_GATE_REPORTED, KREG_GATE_TIMED_OUT, KREG_GATE_LET_GO }
  * (the changing thread's handler usually reports), then asks the reader,
  * then up to the deadline (counted if it passes).
  *
- * A thread stopped at a return from an interrupt (irq) was running in user
+ * Where faults are not watched (kreg_fault_probe_on(): not x86), a thread
+ * stopped at a return from an interrupt (irq) was running in user
  * space: it has obtained nothing since the change, but it may have been
  * stopped inside a user-space lock that the report needs (UCX's rcache
  * spinlock, taken around a few instructions: in CI, UCP with 4 and 8
