@@ -402,6 +402,15 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 	spin_unlock(&s->lock);
 	kreg_gates_reap(&reap);
 
+	/*
+	 * Listed, its probes on, before the notifier can queue a change: a
+	 * thread let go at an interrupt (the probes may be on for another
+	 * process already) then faulting on a page of the change must find
+	 * s (kreg_sync_fault()).
+	 */
+	if (list_empty(&kreg_syncs))
+		kreg_started_probes_set(true);
+	list_add_rcu(&s->live, &kreg_syncs);
 	memset(&s->mn, 0, sizeof(s->mn));
 	s->mn.ops = &kreg_sync_ops;
 	/* current->mm == ctx->mm (checked by the caller): mm_users > 0 */
@@ -419,10 +428,12 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 		if (s->signo)
 			kreg_signal_release(owner, s->signo, s->handler);
 		put_pid(owner);
-	} else {
+		list_del_rcu(&s->live);
 		if (list_empty(&kreg_syncs))
-			kreg_started_probes_set(true);
-		list_add_rcu(&s->live, &kreg_syncs);
+			kreg_started_probes_set(false);
+		/* the probes' walks are past s before it is started or freed */
+		synchronize_rcu();
+		INIT_LIST_HEAD(&s->live);
 	}
 out:
 	mutex_unlock(&kreg_syncs_lock);
