@@ -254,6 +254,9 @@ static int kreg_sync_range_start(struct mmu_notifier *mn,
 	if (reader)
 		s->need_reader = true;
 	kreg_gates_arm(s, &reap);
+	/* after: a thread new since the last change has its gate now */
+	if (signal)
+		kreg_gate_signalled(s);
 	spin_unlock(&s->lock);
 	kreg_gates_reap(&reap);
 
