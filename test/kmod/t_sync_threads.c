@@ -717,7 +717,11 @@ static int cl_run(bool at_freed, int timeout_ms,
 /*
  * Its call maps nothing of the change: let go after the fuse (counted
  * call_releases; the module of 0dd8951 held it for the whole timeout, 5 s),
- * and its next mmap, after the lock, is held until the ack.
+ * and its next mmap, after the lock, is held until the ack. If an
+ * interrupt reached the holder first while the change was unreported (its
+ * tick, the shootdown: seen with the host loaded), its gate let it go
+ * there (irq_passes) and the mremap, which mapped nothing of the change,
+ * owes nothing at its end: the report ends all the same.
  */
 static int t_sync_call_inside_lock(void)
 {
@@ -728,10 +732,12 @@ static int t_sync_call_inside_lock(void)
 	if (rc)
 		return rc;
 	CHECK(g_cl_held_ms >= 0, "the holder's mremap failed");
-	CHECK(!st.gate_timeouts && st.call_releases >= 1 && ms < 2000,
-	      "gate_timeouts %llu call_releases %llu after %.0f ms",
+	CHECK(!st.gate_timeouts && (st.call_releases >= 1 || st.irq_passes >= 1) &&
+	      ms < 2000,
+	      "gate_timeouts %llu call_releases %llu irq_passes %llu after %.0f ms",
 	      (unsigned long long)st.gate_timeouts,
-	      (unsigned long long)st.call_releases, ms);
+	      (unsigned long long)st.call_releases,
+	      (unsigned long long)st.irq_passes, ms);
 	CHECK(g_cl_after, "the holder's next mmap returned before the report");
 	CHECK(probe_goes_off(), "the sys_exit probe stays on after the report");
 	return 0;
