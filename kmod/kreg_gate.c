@@ -10,9 +10,7 @@
  *            without a kick): the thread runs it at its next return to user
  *            space, from a system call, a fault or an interrupt (its tick).
  *            Nothing interrupts a thread that stays in user space.
- *   RUNNING  its thread waits in it, if a change is unreported (not at
- *            a return from an interrupt where faults are watched: the
- *            thread goes on and owes, kreg_gate_run()).
+ *   RUNNING  its thread waits in it, if a change is unreported.
  *   IDLE     ran since the last change, on sync->idle.
  *   EXEMPT   the reader's: never held.
  * A change arms the IDLE gates only, so it costs nothing per thread that
@@ -82,9 +80,6 @@ struct kreg_gate {
 	bool reporting;			/* between its DRAINs: see below */
 	u64 owed;			/* let go at an interrupt: kreg_probes.c */
 	bool owed_hold;			/* armed by the sys_exit probe */
-	bool fault_hold;		/* armed by a fault probe */
-	/* sent signo for its change, not through its report yet */
-	bool signalled;
 };
 
 struct kreg_kick {
@@ -308,21 +303,34 @@ void kreg_gate_reporting(struct kreg_sync *s, struct task_struct *t, bool on)
 {
 	struct kreg_gate *g = kreg_gate_find(s, t);
 
-	if (!g)
-		return;
-	g->reporting = on;
-	/* a DRAIN that got nothing ends its report */
-	if (!on)
-		g->signalled = false;
+	if (g)
+		g->reporting = on;
 }
 
-/* current is sent signo for the change just queued (lock held) */
-void kreg_gate_signalled(struct kreg_sync *s)
+/*
+ * The sys_exit probe (kreg_probes.c) at the end of a system call of a thread
+ * of s's mm: if the thread was let go at an interrupt while a change it
+ * waited for is still unreported, its gate holds it now. An ARMED gate
+ * runs now anyway.
+ */
+void kreg_gate_owed(struct kreg_sync *s)
 {
-	struct kreg_gate *g = kreg_gate_find(s, current);
+	struct kreg_gate *g;
+	LIST_HEAD(reap);
 
-	if (g)
-		g->signalled = true;
+	spin_lock(&s->lock);
+	g = kreg_gate_find(s, current);
+	if (g && g->owed) {
+		if (g->owed > s->done && !s->dead &&
+		    g->state == KREG_GATE_IDLE) {
+			kreg_gate_arm(s, g, &reap);
+			g->owed_hold = true;
+			kreg_sync_count(s, KREG_ST_IRQ_NEXT_HELD);
+		}
+		g->owed = 0;
+	}
+	spin_unlock(&s->lock);
+	kreg_gates_reap(&reap);
 }
 
 /*
@@ -444,77 +452,6 @@ static bool kreg_gate_call_clean(struct kreg_sync *s)
 	return nr == __NR_mmap || kreg_gate_range_clean(s, args[0], args[1]);
 }
 
-/*
- * The sys_exit probe (kreg_probes.c) at the end of a system call that can
- * return an address, of a thread of s's mm: if the thread was let go at an
- * interrupt while a change is still unreported, its gate holds it now,
- * unless the call was an mmap or mremap that mapped nothing of such a
- * change (the thread then still owes its next one). An ARMED gate runs
- * now anyway.
- */
-void kreg_gate_owed(struct kreg_sync *s)
-{
-	struct kreg_gate *g;
-	LIST_HEAD(reap);
-
-	spin_lock(&s->lock);
-	g = kreg_gate_find(s, current);
-	if (g && g->owed) {
-		if (g->owed <= s->done || s->dead ||
-		    g->state != KREG_GATE_IDLE) {
-			g->owed = 0;
-		} else if (!kreg_gate_call_clean(s)) {
-			kreg_gate_arm(s, g, &reap);
-			g->owed_hold = true;
-			g->owed = 0;
-			kreg_sync_count(s, KREG_ST_IRQ_NEXT_HELD);
-		}
-	}
-	spin_unlock(&s->lock);
-	kreg_gates_reap(&reap);
-}
-
-/*
- * The page-fault probes (kreg_probes.c), at the entry of a fault of
- * current, a thread of s's mm, at addr: if addr is in a change still
- * unreported, the fault will map a new page there (the old one zapped by
- * MADV_DONTNEED, say), so its gate holds it at the fault's return, or at
- * its system call's if the fault is a copy's, even if it was spent at an
- * interrupt. Interrupts may be off: no allocation, no sleep.
- */
-void kreg_gate_fault(struct kreg_sync *s, unsigned long addr)
-{
-	struct kreg_gate *g;
-	LIST_HEAD(reap);
-
-	/*
-	 * Without the lock: a page of a pinned range faults only after its
-	 * zap, which comes after its change is queued.
-	 */
-	if (READ_ONCE(s->done) >= READ_ONCE(s->seq))
-		return;
-	spin_lock(&s->lock);
-	g = kreg_gate_find(s, current);
-	/*
-	 * Not a thread whose own handler is to report (it reports what it
-	 * faults on; held there, in its handler before its first DRAIN, it
-	 * waited for its own report until the gate timed out: 3 of 130 runs
-	 * of sync-other-thread-held with the host loaded), nor one reporting.
-	 */
-	if (g && !s->dead && !g->exempt && !g->reporting && !g->signalled &&
-	    !(current->flags & PF_EXITING) &&
-	    !kreg_gate_range_clean(s, addr & PAGE_MASK, PAGE_SIZE)) {
-		if (!g->fault_hold)
-			kreg_sync_count(s, KREG_ST_FAULT_HELD);
-		g->fault_hold = true;
-		if (g->state == KREG_GATE_IDLE)
-			kreg_gate_arm(s, g, &reap);
-	}
-	spin_unlock(&s->lock);
-	/* empty: current takes task_work (not PF_EXITING) */
-	WARN_ON_ONCE(!list_empty(&reap));
-}
-
 /* a report is under way: some thread has DRAINed ranges it has not acked */
 static bool kreg_gate_report_under_way(struct kreg_sync *s)
 {
@@ -539,8 +476,7 @@ enum kreg_gate_end { KREG_GATE_REPORTED, KREG_GATE_TIMED_OUT, KREG_GATE_LET_GO }
  * (the changing thread's handler usually reports), then asks the reader,
  * then up to the deadline (counted if it passes).
  *
- * Where faults are not watched (kreg_fault_probe_on(): not x86), a thread
- * stopped at a return from an interrupt (irq) was running in user
+ * A thread stopped at a return from an interrupt (irq) was running in user
  * space: it has obtained nothing since the change, but it may have been
  * stopped inside a user-space lock that the report needs (UCX's rcache
  * spinlock, taken around a few instructions: in CI, UCP with 4 and 8
@@ -604,19 +540,16 @@ static void kreg_gate_run(struct callback_head *cb)
 	/* not from a system call: an interrupt or an exception */
 	bool irq = syscall_get_nr(current, task_pt_regs(current)) < 0;
 	bool gone, nudged = false, waited = false, pass = false, owes = false;
-	bool owed_hold = false, clean = false, fault = false, listed = false;
-	bool irq_pass = false, unwatched = false;
+	bool owed_hold = false, clean = false;
 	unsigned int fuse_ms;
 	enum kreg_gate_end end;
-	u64 target = 0, passed = 0, watched = 0;
+	u64 target = 0, passed = 0;
 
 	for (;;) {
 		spin_lock(&s->lock);
 		g->state = KREG_GATE_RUNNING;
 		owed_hold |= g->owed_hold;
 		g->owed_hold = false;
-		fault |= g->fault_hold;
-		g->fault_hold = false;
 		/* exit; exec (another mm); a stopped or restarted delivery */
 		gone = (current->flags & PF_EXITING) ||
 		       current->mm != s->mm || task_tgid(current) != s->owner ||
@@ -643,41 +576,8 @@ static void kreg_gate_run(struct callback_head *cb)
 			list_add_tail(&g->idle, &s->idle);
 			break;
 		}
-		/*
-		 * A return from an interrupt (the unmap's own TLB shootdown,
-		 * which reaches every CPU that runs a thread of the process;
-		 * a tick) or from a fault outside every unreported change: the
-		 * thread obtained nothing, and holding it here held every
-		 * thread spinning in user space at nearly every change. It
-		 * goes on at once and owes: its next call that can return an
-		 * address is held if it maps a page of the change (the
-		 * sys_exit probe), and so is its fault on such a page (the
-		 * page-fault probes, without which it waits here as before).
-		 */
-		if (irq && !fault && !unwatched && kreg_fault_probe_on()) {
-			g->owed = target;
-			s->owed_until = max(s->owed_until, target);
-			if (watched == target) {
-				g->state = KREG_GATE_IDLE;
-				list_add_tail(&g->idle, &s->idle);
-				irq_pass = true;
-				break;
-			}
-			/*
-			 * Still RUNNING while it puts the probe on, with no
-			 * lock held (STOP frees IDLE gates, not running ones);
-			 * then it looks again, and again if a change came.
-			 */
-			listed = s->owed_on;
-			spin_unlock(&s->lock);
-			if (kreg_owed_watch(s, listed))
-				unwatched = true;	/* held as before */
-			else
-				watched = target;
-			continue;
-		}
 		/* an owed call keeps its own fuse (kreg_probes.c) */
-		clean = !irq && !owed_hold && !fault && kreg_gate_call_clean(s);
+		clean = !irq && !owed_hold && kreg_gate_call_clean(s);
 		spin_unlock(&s->lock);
 
 		/*
@@ -694,8 +594,7 @@ static void kreg_gate_run(struct callback_head *cb)
 		if (!waited)
 			kreg_sync_count(s, KREG_ST_GATE_WAITS);
 		waited = true;
-		/* a fault on a page of the change is the race: no fuse */
-		if ((irq && !fault) || clean)
+		if (irq || clean)
 			fuse_ms = KREG_GATE_IRQ_FUSE_MS;
 		else
 			fuse_ms = owed_hold ? KREG_GATE_OWED_FUSE_MS : 0;
@@ -725,7 +624,6 @@ static void kreg_gate_run(struct callback_head *cb)
 			if (owes) {
 				g->owed = target;
 				s->owed_until = max(s->owed_until, target);
-				listed = s->owed_on;
 			}
 			break;
 		}
@@ -733,10 +631,8 @@ static void kreg_gate_run(struct callback_head *cb)
 	spin_unlock(&s->lock);
 	if (pass)
 		kreg_sync_count(s, KREG_ST_GATE_PASSES);
-	if (irq_pass)
-		kreg_sync_count(s, KREG_ST_IRQ_PASSES);
 	/* before the thread goes on: its next system call is held */
-	if (owes && kreg_owed_watch(s, listed))
+	if (owes && kreg_owed_watch(s))
 		kreg_sync_count(s, KREG_ST_IRQ_UNWATCHED);
 	if (gone) {
 		put_task_struct(g->task);

@@ -61,17 +61,6 @@ static ssize_t sys_exit_probe_puts_show(struct device *dev,
 }
 static DEVICE_ATTR_ADMIN_RO(sys_exit_probe_puts);
 
-/*
- * 1 while the page-fault probes are on (any delivery started, x86): gates
- * then pass a thread at an interrupt's return
- */
-static ssize_t fault_probe_show(struct device *dev,
-				struct device_attribute *attr, char *buf)
-{
-	return sysfs_emit(buf, "%d\n", kreg_fault_probe_on());
-}
-static DEVICE_ATTR_ADMIN_RO(fault_probe);
-
 static struct attribute *kreg_attrs[] = {
 	&kreg_attr_contexts.attr.attr,
 	&kreg_attr_ranges.attr.attr,
@@ -79,7 +68,6 @@ static struct attribute *kreg_attrs[] = {
 	&dev_attr_users.attr,
 	&dev_attr_sys_exit_probe.attr,
 	&dev_attr_sys_exit_probe_puts.attr,
-	&dev_attr_fault_probe.attr,
 	NULL,
 };
 ATTRIBUTE_GROUPS(kreg);

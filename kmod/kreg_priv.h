@@ -46,9 +46,7 @@
  *                      probe (kreg_probes.c): taken by a gate with no lock
  *                      held and by its work item; takes sync->lock inside.
  *                      The probe reads that list under RCU and takes
- *                      sync->lock. The page-fault probes take sync->lock
- *                      at a fault's entry (interrupts maybe off), so
- *                      nothing under sync->lock touches user memory.
+ *                      sync->lock.
  * kreg_users_lock (mutex) the per-uid table: open, release and sysfs only,
  * never with another lock of ours held. Counter pages are published with
  * cmpxchg() and never change until release: the fault handler (under
@@ -194,8 +192,7 @@ enum kreg_sync_stat {		/* the fields of struct kreg_nf_sync_stats */
 	KREG_ST_GATE_PASSES, KREG_ST_THREADS, KREG_ST_DRAIN_WAITS,
 	KREG_ST_OWN_CHANGES, KREG_ST_INFLIGHT_FULL, KREG_ST_IRQ_RELEASES,
 	KREG_ST_IRQ_NEXT_HELD, KREG_ST_IRQ_UNWATCHED, KREG_ST_BORN_HELD,
-	KREG_ST_IRQ_NEXT_RELEASED, KREG_ST_CALL_RELEASES, KREG_ST_IRQ_PASSES,
-	KREG_ST_FAULT_HELD,
+	KREG_ST_IRQ_NEXT_RELEASED, KREG_ST_CALL_RELEASES,
 	KREG_ST_NR = sizeof(struct kreg_nf_sync_stats) / sizeof(__u64)
 };
 
@@ -248,11 +245,10 @@ struct kreg_sync {
 	struct list_head idle;		/* gates to arm at the next change */
 	struct list_head live;		/* on kreg_syncs (RCU) while started */
 	u64 owed_until;			/* lock: a debt's report (kreg_probes.c) */
-	/* written under kreg_probes.c's mutex and lock, read under either: */
-	bool owed_on;			/* on kreg_owed_list */
 	/* kreg_probes.c's mutex: */
 	struct list_head owed;		/* on its list (RCU) while owed_on */
 	struct list_head owed_reap;	/* taken off, until a grace period */
+	bool owed_on;
 	atomic64_t stats[KREG_ST_NR];
 };
 
@@ -274,7 +270,6 @@ void kreg_sync_release(struct kref *ref);
 void kreg_sync_count(struct kreg_sync *s, enum kreg_sync_stat i);
 void kreg_sync_wake_reader(struct kreg_sync *s);
 void kreg_sync_born(struct task_struct *child);
-void kreg_sync_fault(unsigned long addr);
 
 /* kreg_gate.c */
 void kreg_gates_arm(struct kreg_sync *s, struct list_head *reap);
@@ -282,16 +277,13 @@ void kreg_gates_stop(struct kreg_sync *s, struct list_head *reap);
 void kreg_gates_reap(struct list_head *reap);
 void kreg_gate_exempt(struct kreg_sync *s, struct task_struct *t);
 void kreg_gate_reporting(struct kreg_sync *s, struct task_struct *t, bool on);
-void kreg_gate_signalled(struct kreg_sync *s);
 void kreg_gate_owed(struct kreg_sync *s);
 void kreg_gate_born(struct kreg_sync *s, struct task_struct *child);
-void kreg_gate_fault(struct kreg_sync *s, unsigned long addr);
 
 /* kreg_probes.c */
-void kreg_started_probes_set(bool on);
-bool kreg_fault_probe_on(void);
-int kreg_owed_watch(struct kreg_sync *s, bool listed);
-void kreg_owed_stopped(struct kreg_sync *s);
+void kreg_fork_probe_set(bool on);
+int kreg_owed_watch(struct kreg_sync *s);
+void kreg_owed_settled(struct kreg_sync *s);
 void kreg_owed_exit(void);
 bool kreg_owed_probe_on(void);
 unsigned long kreg_owed_probe_puts(void);

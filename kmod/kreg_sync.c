@@ -254,9 +254,6 @@ static int kreg_sync_range_start(struct mmu_notifier *mn,
 	if (reader)
 		s->need_reader = true;
 	kreg_gates_arm(s, &reap);
-	/* after: a thread new since the last change has its gate now */
-	if (signal)
-		kreg_gate_signalled(s);
 	spin_unlock(&s->lock);
 	kreg_gates_reap(&reap);
 
@@ -405,15 +402,6 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 	spin_unlock(&s->lock);
 	kreg_gates_reap(&reap);
 
-	/*
-	 * Listed, its probes on, before the notifier can queue a change: a
-	 * thread let go at an interrupt (the probes may be on for another
-	 * process already) then faulting on a page of the change must find
-	 * s (kreg_sync_fault()).
-	 */
-	if (list_empty(&kreg_syncs))
-		kreg_started_probes_set(true);
-	list_add_rcu(&s->live, &kreg_syncs);
 	memset(&s->mn, 0, sizeof(s->mn));
 	s->mn.ops = &kreg_sync_ops;
 	/* current->mm == ctx->mm (checked by the caller): mm_users > 0 */
@@ -431,12 +419,10 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 		if (s->signo)
 			kreg_signal_release(owner, s->signo, s->handler);
 		put_pid(owner);
-		list_del_rcu(&s->live);
+	} else {
 		if (list_empty(&kreg_syncs))
-			kreg_started_probes_set(false);
-		/* the probes' walks are past s before it is started or freed */
-		synchronize_rcu();
-		INIT_LIST_HEAD(&s->live);
+			kreg_fork_probe_set(true);
+		list_add_rcu(&s->live, &kreg_syncs);
 	}
 out:
 	mutex_unlock(&kreg_syncs_lock);
@@ -464,7 +450,7 @@ void kreg_sync_stop_locked(struct kreg_sync *s)
 	spin_unlock(&s->lock);
 	wake_up_all(&s->wq);
 	wake_up_interruptible_poll(&s->poll_wq, EPOLLIN | EPOLLRDNORM);
-	kreg_owed_stopped(s);
+	kreg_owed_settled(s);
 	kreg_gates_reap(&reap);
 	/* waits for callbacks in progress */
 	mmu_notifier_unregister(&s->mn, s->mm);
@@ -475,7 +461,7 @@ void kreg_sync_stop_locked(struct kreg_sync *s)
 	mutex_lock(&kreg_syncs_lock);
 	list_del_rcu(&s->live);
 	if (list_empty(&kreg_syncs))
-		kreg_started_probes_set(false);
+		kreg_fork_probe_set(false);
 	/* the fork probe's walk is past s before s is started or freed again */
 	synchronize_rcu();
 	INIT_LIST_HEAD(&s->live);
@@ -494,24 +480,6 @@ void kreg_sync_born(struct task_struct *child)
 	list_for_each_entry_rcu(s, &kreg_syncs, live)
 		if (s->mm == child->mm) {
 			kreg_gate_born(s, child);
-			break;
-		}
-	rcu_read_unlock();
-}
-
-/*
- * The page-fault probes (kreg_probes.c): current faults at addr, a user
- * address, in user space or in a system call's copy.
- */
-void kreg_sync_fault(unsigned long addr)
-{
-	struct mm_struct *mm = current->mm;
-	struct kreg_sync *s;
-
-	rcu_read_lock();
-	list_for_each_entry_rcu(s, &kreg_syncs, live)
-		if (s->mm == mm) {
-			kreg_gate_fault(s, addr);
 			break;
 		}
 	rcu_read_unlock();
@@ -612,8 +580,10 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 	s->need_reader = false;
 	snap = s->seq;
 	spin_unlock(&s->lock);
-	if (acked)
+	if (acked) {
 		wake_up_all(&s->wq);
+		kreg_owed_settled(s);
+	}
 
 	/* the changes queued so far end soon: they are being zapped now */
 	if (!kreg_sync_settled(s, snap)) {
@@ -654,8 +624,10 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 	/* the caller reports what it got, until a DRAIN that gets nothing */
 	kreg_gate_reporting(s, current, n);
 	spin_unlock(&s->lock);
-	if (acked)
+	if (acked) {
 		wake_up_all(&s->wq);
+		kreg_owed_settled(s);
+	}
 	arg.count = n;
 	if (n)
 		kreg_sync_count(s, KREG_ST_DRAINS);

@@ -180,32 +180,26 @@ struct kreg_nf_event {
  *    (its handler reports everything queued), and so do the dispatcher, a
  *    thread that is reporting (its last DRAIN handed it ranges: what it
  *    runs to report them may make system calls inside locks that other
- *    reporters need) and a thread that has exec'ed. After 2 ms a waiting
- *    gate wakes the dispatcher. A thread at a return from an interrupt
- *    (the unmap's own TLB shootdown, a tick) or from a fault outside every
- *    unreported change obtained nothing there and goes on at once
- *    (irq_passes), but owes: its next system call that can return an
- *    address (mmap, mremap, brk, shmat) is held at its end if it maps a
- *    page of an unreported change (or may have: brk, shmat, a compat
- *    call; irq_next_held, through a probe on the kernel's sys_exit
- *    tracepoint while debts are made), 250 ms at most, for it may be made
- *    inside a user-space lock the report needs (irq_next_released: a
- *    window, and the thread owes its next one); and any thread's fault on
- *    a page of an unreported change (a page MADV_DONTNEED zapped, touched
- *    again, or a system call's copy into it) is held at its return until
- *    the report (fault_held, through probes on x86's page-fault
- *    tracepoints while delivery runs). Where those tracepoints are missing
- *    such a thread is held instead, and goes on once a report has waited
- *    50 ms for it (irq_releases), owing as above. A thread held at the
- *    return of an mmap or mremap that failed or mapped nothing of an
- *    unreported change goes on after the same 50 ms (call_releases: such
- *    a lock holder obtained nothing stale; one that mapped a freed address
- *    is held, it is the race), owing as above. A thread that clone()
- *    makes while a change is unreported is held at its first return
- *    (born_held, a probe on sched_process_fork while delivery runs). The
- *    module interrupts no thread in user space and holds none that stays
- *    there, and a change costs nothing per thread that did not enter the
- *    kernel since the last one.
+ *    reporters need) and a thread that has exec'ed. After 2 ms a waiting gate wakes the
+ *    dispatcher. A thread held at a return from an interrupt or exception
+ *    goes on once a report has waited 50 ms for it (it may hold a
+ *    user-space lock the report needs: irq_releases), and so does a
+ *    thread held at the return of an mmap or mremap that failed or mapped
+ *    nothing of an unreported change (call_releases: such a lock holder
+ *    obtained nothing stale; one that mapped a freed address is held, it
+ *    is the race). Its next system call
+ *    that can return an address (mmap, mremap, brk, shmat) is then held
+ *    at its end (irq_next_held, through a probe on the kernel's sys_exit
+ *    tracepoint while such a report is unfinished), 250 ms at most, for it
+ *    may be made inside that lock (irq_next_released: a window, and the
+ *    thread owes its next one). A
+ *    thread that clone() makes while a change is unreported is held at its
+ *    first return (born_held, a probe on sched_process_fork while delivery
+ *    runs). The module interrupts no thread in user space (but the
+ *    TLB shootdown of an unmap does, and a gate holds the thread it
+ *    interrupted until the report), and a change
+ *    costs nothing per thread that did not enter the kernel since the
+ *    last one.
  * Pages that are not pinned are not queued: memory that was never
  * registered pays one page-table walk in the changing thread. With the flag
  * KREG_NF_SYNC_UNPINNED the address space's own changes (its threads', a
@@ -228,10 +222,9 @@ struct kreg_nf_event {
  * gate_timeout_ms (gate_timeouts); a thread that could not get a gate for
  * want of memory (gate_nomem: it is looked for again at the next change);
  * more than 64 changes in flight at once (inflight_full: handed out before
- * their end); a thread let go at an interrupt after the fuse whose next
- * system call could not be watched (irq_unwatched: the sys_exit
- * tracepoint refused the probe; a thread that would pass at once is held
- * instead) or was let go too (irq_next_released).
+ * their end); a thread let go at an interrupt whose next system call could
+ * not be watched (irq_unwatched: the sys_exit tracepoint refused the
+ * probe) or was let go too (irq_next_released).
  *
  * signo is held while delivery runs: SYNC_START needs signo's handler in
  * the process to be handler already (not SA_RESETHAND), and from then on
@@ -318,19 +311,14 @@ struct kreg_nf_sync_stats {
 	 */
 	__u64 inflight_full;
 	/*
-	 * threads held at a return from an interrupt or exception (only where
-	 * the kernel has no page-fault tracepoint: else irq_passes) that went
+	 * threads held at a return from an interrupt or exception that went
 	 * on while a report was under way for 50 ms without an end (they may
 	 * hold a lock the report needs); each one's next system call that can
 	 * return an address is held at its end until the report
 	 * (irq_next_held), through the kernel's sys_exit tracepoint
 	 */
 	__u64 irq_releases;
-	/*
-	 * of those and of irq_passes and call_releases, held at the end of
-	 * their next mmap or mremap that mapped a page of an unreported change,
-	 * or brk, shmat
-	 */
+	/* of those, held at the end of their next mmap, mremap, brk, shmat */
 	__u64 irq_next_held;
 	/*
 	 * of irq_releases, those whose next system call could not be watched
@@ -355,24 +343,6 @@ struct kreg_nf_sync_stats {
 	 * return an address is held): they obtained nothing stale
 	 */
 	__u64 call_releases;
-	/*
-	 * threads let go at once at a return from an interrupt (the unmap's
-	 * TLB shootdown, a tick) or from a fault outside every unreported
-	 * change, while one was unreported: they obtained nothing. Each owes
-	 * its next system call that can return an address (held at its end if
-	 * it maps a page of an unreported change: irq_next_held) and is held
-	 * at any fault on such a page (fault_held). Where the kernel has no
-	 * page-fault tracepoint (not x86), such a thread is held as at a
-	 * system call's return instead (with the irq_releases fuse).
-	 */
-	__u64 irq_passes;
-	/*
-	 * faults on a page of an unreported change (a page zapped by
-	 * MADV_DONTNEED, touched again; in user space or in a system call's
-	 * copy), each held at its return until the report: a new page at an
-	 * address the report is about
-	 */
-	__u64 fault_held;
 };
 
 #define KREG_NF_SYNC_QUEUE 64

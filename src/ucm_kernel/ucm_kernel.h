@@ -218,13 +218,6 @@ typedef struct {
                                           of the change, let go as
                                           irq_releases (a lock the report
                                           needs); next call held the same   */
-        uint64_t irq_passes;           /* threads let go at once at an
-                                          interrupt's return (the unmap's TLB
-                                          shootdown): their next mmap of the
-                                          change and their faults on it are
-                                          held instead                      */
-        uint64_t fault_held;           /* faults on a page of an unreported
-                                          change, held until its report     */
     } sync;
 } kreg_stats_t;
 

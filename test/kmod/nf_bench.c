@@ -3,7 +3,6 @@
  */
 #include "nf_test.h"
 
-#include <sched.h>
 
 int bench(void)
 {
@@ -147,157 +146,6 @@ static double bench_munmap(struct io_uring *ring, double *parts)
 	return bench_munmap_as(ring, parts, false);
 }
 
-/*
- * What the probes cost everyone, in this process while delivery runs (the
- * fault probes: every page fault of the machine) and while the sys_exit
- * probe is on (every system call of the machine): fresh pages touched, and
- * getppid(), each against the same with the probe off, alternating.
- */
-static volatile bool g_bench_spin;
-
-static void *bench_spinner(void *a)
-{
-	cpu_set_t set;
-
-	(void)a;
-	CPU_ZERO(&set);
-	CPU_SET(1, &set);
-	pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-	while (g_bench_spin)
-		;
-	return NULL;
-}
-
-/* ns a page: 4 MiB of fresh pages touched, then unmapped (not pinned) */
-static double bench_faults(void)
-{
-	const size_t len = 4 << 20;
-	double t0, t;
-	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-
-	if (p == MAP_FAILED)
-		return -1;
-	madvise(p, len, MADV_NOHUGEPAGE);	/* a fault a page */
-	t0 = now_ns();
-	for (size_t i = 0; i < len; i += 4096)
-		p[i] = 1;
-	t = (now_ns() - t0) / (len / 4096);
-	munmap(p, len);
-	return t;
-}
-
-static double bench_getppid(void)
-{
-	enum { N = 4096 };
-	double t0 = now_ns();
-
-	for (int i = 0; i < N; i++)
-		syscall(SYS_getppid);
-	return (now_ns() - t0) / N;
-}
-
-/*
- * A debt: a thread spinning on CPU 1 while pinned buffers are freed is let
- * go at the shootdown and owes, which puts the sys_exit probe on for a
- * second or two. 0 once it is on.
- */
-static int bench_debt(struct io_uring *ring)
-{
-	pthread_t t;
-	int i;
-
-	g_bench_spin = true;
-	if (pthread_create(&t, NULL, bench_spinner, NULL))
-		return -1;
-	usleep(20000);
-	for (i = 0; i < 50 && sysval("sys_exit_probe") != 1; i++)
-		bench_munmap(ring, NULL);
-	g_bench_spin = false;
-	pthread_join(t, NULL);
-	return sysval("sys_exit_probe") == 1 ? 0 : -1;
-}
-
-/*
- * A process of its own with delivery started, which puts the fault probes
- * on for the machine while it lives: what other processes' faults pay.
- */
-static pid_t bench_other_delivery(void)
-{
-	int p[2];
-	char c;
-	pid_t pid;
-
-	if (pipe(p))
-		return -1;
-	pid = fork();
-	if (pid == 0) {
-		close(p[0]);
-		g_sy.fd = open(KREG_NF_DEVICE, O_RDWR | O_CLOEXEC);
-		if (g_sy.fd < 0 || sy_start_ioctl(SY_SIGNO, 10000))
-			_exit(1);
-		if (write(p[1], "x", 1) != 1)
-			_exit(1);
-		pause();
-		_exit(0);
-	}
-	close(p[1]);
-	if (pid < 0 || read(p[0], &c, 1) != 1) {
-		close(p[0]);
-		return -1;
-	}
-	close(p[0]);
-	return pid;
-}
-
-static int bench_probes(struct io_uring *ring)
-{
-	enum { RUNS = 7 };
-	double f_off[RUNS], f_other[RUNS], f_here[RUNS], s_off[RUNS], s_on[RUNS];
-	int n = 0;
-
-	for (int run = 0; run < RUNS; run++) {
-		pid_t other;
-
-		for (int i = 0; i < 300 && sysval("sys_exit_probe") != 0; i++)
-			usleep(10000);
-		if (sysval("sys_exit_probe") != 0)
-			return fprintf(stderr, "the sys_exit probe stays on\n"), 1;
-		ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP);
-		f_off[n] = bench_faults();
-		s_off[n] = bench_getppid();
-		other = bench_other_delivery();
-		if (other < 0 || sysval("fault_probe") != 1)
-			return fprintf(stderr, "no delivery in another process\n"), 1;
-		f_other[n] = bench_faults();
-		kill(other, SIGKILL);
-		waitpid(other, NULL, 0);
-		if (sy_start_ioctl(SY_SIGNO, 10000))
-			return perror("SYNC_START"), 1;
-		f_here[n] = bench_faults();
-		if (bench_debt(ring)) {
-			printf("  (run %d: no spinner was let go at a shootdown, the sys_exit probe stayed off)\n",
-			       run);
-			continue;
-		}
-		s_on[n] = bench_getppid();
-		if (sysval("sys_exit_probe") != 1)
-			continue;	/* went off meanwhile: not this run */
-		n++;
-	}
-	ioctl(g_sy.fd, KREG_NF_IOC_SYNC_STOP);
-	if (!n)
-		return fprintf(stderr, "the sys_exit probe never went on\n"), 1;
-	printf("  a page fault (fresh page touched): fault probes off %7.1f ns; on, delivery in another process %7.1f ns (%.3f), in this one %7.1f ns (%.3f)\n",
-	       median(f_off, n), median(f_other, n),
-	       median(f_other, n) / median(f_off, n), median(f_here, n),
-	       median(f_here, n) / median(f_off, n));
-	printf("  getppid(), sys_exit probe off %7.1f ns, on %7.1f ns   on/off %.3f (%d runs)\n",
-	       median(s_off, n), median(s_on, n),
-	       median(s_on, n) / median(s_off, n), n);
-	return 0;
-}
-
 int bench_sync(void)
 {
 	enum { RUNS = 9, N = 64 };
@@ -408,10 +256,6 @@ int bench_sync(void)
 	printf("    its parts (means): the call until the handler %.1f us, the handler's first getppid() %.1f us, its DRAINs %.1f us, sigreturn and back %.1f us\n",
 	       parts[0] / (RUNS * (N / 8)) / 1e3, parts[1] / (RUNS * (N / 8)) / 1e3,
 	       parts[2] / (RUNS * (N / 8)) / 1e3, parts[3] / (RUNS * (N / 8)) / 1e3);
-	if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || sysval("fault_probe") < 0) {
-		printf("  (one CPU, or a module without the fault probes: the probes' price is not measured)\n");
-		return 0;
-	}
-	return bench_probes(&ring);
+	return 0;
 }
 

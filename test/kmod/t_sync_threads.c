@@ -362,17 +362,10 @@ static void in_reporting(void)
 	g_in_acked = true;	/* just before the ack: a stricter check */
 }
 
-static char *g_in_freed;	/* the changed buffer's address */
-
-/*
- * An mmap of the freed address itself (the race the gates close; an mmap
- * elsewhere is let go: it mapped nothing of the change). The munmap was
- * done long before (the holder spins 300 ms first).
- */
+/* an mmap: a call that returns an address */
 static void in_mmap(void)
 {
-	void *p = mmap(g_in_freed, 4096, PROT_READ,
-		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	void *p = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 	if (p != MAP_FAILED)
 		munmap(p, 4096);
@@ -421,7 +414,6 @@ static int in_change(bool forever, bool inside)
 	rc = pinned_watched(&pa, false);
 	if (rc)
 		return rc;
-	g_in_freed = pa.p;
 	CHECK(pthread_create(&h, NULL, in_holder, NULL) == 0, "pthread_create");
 	g_il_go = true;
 	while (!g_il_holding)
@@ -444,42 +436,27 @@ static bool probe_goes_off(void)
 	return false;
 }
 
-/* the page-fault probes are on: gates pass a thread at an interrupt */
-static bool irq_passes_on(void)
-{
-	return sysval("fault_probe") == 1;
-}
-
 /*
  * A thread stopped at a return from an interrupt (its tick) inside a
- * user-space lock that the report needs: in CI, UCP with 4 and 8 threads
- * had a thread stopped by its tick inside UCX's rcache spinlock while both
+ * user-space lock that the report needs goes on, counted, once the report
+ * has waited for it for the fuse: in CI, UCP with 4 and 8 threads had a
+ * thread stopped by its tick inside UCX's rcache spinlock while both
  * reporters spun on it, until the gate timed out (the module of cd6b037
- * holds it here for the whole timeout, 5 s). With the page-fault probes
- * it goes on at once (irq_passes), else once the report has waited for it
- * for the fuse (irq_releases).
+ * holds it here for the whole timeout, 5 s).
  */
 static int t_sync_irq_lock_holder(void)
 {
 	struct kreg_nf_sync_stats st;
 	double t0 = now_ns();
 	int rc = in_change(false, false);
-	bool passes = irq_passes_on();
 
 	if (rc)
 		return rc;
-	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
-	printf("irq_passes %llu irq_releases %llu gate_timeouts %llu, %.0f ms\n",
-	       (unsigned long long)st.irq_passes,
-	       (unsigned long long)st.irq_releases,
-	       (unsigned long long)st.gate_timeouts, ms_since(t0));
-	CHECK(st.gate_timeouts == 0 &&
-	      (passes ? st.irq_passes >= 1 && !st.irq_releases :
-			st.irq_releases >= 1),
-	      "gate_timeouts %llu irq_passes %llu irq_releases %llu (fault probe %s)",
+	CHECK(sy_stats(&st) == 0 && st.gate_timeouts == 0 &&
+	      st.irq_releases >= 1,
+	      "gate_timeouts %llu irq_releases %llu after %.0f ms",
 	      (unsigned long long)st.gate_timeouts,
-	      (unsigned long long)st.irq_passes,
-	      (unsigned long long)st.irq_releases, passes ? "on" : "off");
+	      (unsigned long long)st.irq_releases, ms_since(t0));
 	CHECK(ms_since(t0) < 2000, "the report took %.0f ms", ms_since(t0));
 	return 0;
 }
@@ -500,14 +477,13 @@ static int in_run(bool inside, struct kreg_nf_sync_stats *st, double *ms)
 		return rc;
 	CHECK(sy_stats(st) == 0, "SYNC_STATS");
 	*ms = ms_since(t0);
-	printf("irq_passes %llu irq_releases %llu irq_next_held %llu irq_next_released %llu irq_unwatched %llu gate_timeouts %llu, %.0f ms\n",
-	       (unsigned long long)st->irq_passes,
+	printf("irq_releases %llu irq_next_held %llu irq_next_released %llu irq_unwatched %llu gate_timeouts %llu, %.0f ms\n",
 	       (unsigned long long)st->irq_releases,
 	       (unsigned long long)st->irq_next_held,
 	       (unsigned long long)st->irq_next_released,
 	       (unsigned long long)st->irq_unwatched,
 	       (unsigned long long)st->gate_timeouts, *ms);
-	if (!st->irq_releases && !st->irq_passes)
+	if (!st->irq_releases)
 		return skip("the holder's tick never stopped it in its gate");
 	return 0;
 }
@@ -680,7 +656,6 @@ static int cl_run(bool at_freed, int timeout_ms,
 	g_sy.want_start = (uintptr_t)pa.p;
 	g_sy.want_end = (uintptr_t)pa.p + LEN;
 	g_cl_freed = pa.p;
-	g_in_freed = pa.p;
 	g_cl_uffd = -1;
 	if (!at_freed) {
 		rc = cl_uffd_page();
@@ -717,11 +692,7 @@ static int cl_run(bool at_freed, int timeout_ms,
 /*
  * Its call maps nothing of the change: let go after the fuse (counted
  * call_releases; the module of 0dd8951 held it for the whole timeout, 5 s),
- * and its next mmap, after the lock, is held until the ack. If an
- * interrupt reached the holder first while the change was unreported (its
- * tick, the shootdown: seen with the host loaded), its gate let it go
- * there (irq_passes) and the mremap, which mapped nothing of the change,
- * owes nothing at its end: the report ends all the same.
+ * and its next mmap, after the lock, is held until the ack.
  */
 static int t_sync_call_inside_lock(void)
 {
@@ -732,12 +703,10 @@ static int t_sync_call_inside_lock(void)
 	if (rc)
 		return rc;
 	CHECK(g_cl_held_ms >= 0, "the holder's mremap failed");
-	CHECK(!st.gate_timeouts && (st.call_releases >= 1 || st.irq_passes >= 1) &&
-	      ms < 2000,
-	      "gate_timeouts %llu call_releases %llu irq_passes %llu after %.0f ms",
+	CHECK(!st.gate_timeouts && st.call_releases >= 1 && ms < 2000,
+	      "gate_timeouts %llu call_releases %llu after %.0f ms",
 	      (unsigned long long)st.gate_timeouts,
-	      (unsigned long long)st.call_releases,
-	      (unsigned long long)st.irq_passes, ms);
+	      (unsigned long long)st.call_releases, ms);
 	CHECK(g_cl_after, "the holder's next mmap returned before the report");
 	CHECK(probe_goes_off(), "the sys_exit probe stays on after the report");
 	return 0;
@@ -760,200 +729,6 @@ static int t_sync_call_freed_address_held(void)
 	CHECK(g_cl_held_ms >= 0, "the holder never mapped the freed address");
 	CHECK(g_cl_mapped_acked || st.gate_timeouts || st.irq_next_released,
 	      "the freed address was mapped again before the report, with no window counted");
-	return 0;
-}
-
-/*
- * ---- a thread in user space during a change: let go at the shootdown ----
- *
- * A thread spinning in user space on CPU 1 while the main thread, on CPU 0,
- * changes a pinned buffer: the change's TLB shootdown interrupts it. It
- * has obtained nothing there, so it goes on at once (irq_passes; the
- * module of 77df185 held it until the report, and every spinner of a
- * process paid that at nearly every change). What it does next while the
- * report (200 ms) is under way is held if it obtains a page of the change:
- * a touch of a page that MADV_DONTNEED zapped (a new page at an address
- * the report is about), a read() into it (the kernel's copy faults), an
- * mmap of the freed address. An mmap elsewhere and a getppid are not.
- */
-enum sp_act { SP_TOUCH, SP_READ, SP_MMAP_FREED, SP_MMAP_ELSEWHERE };
-
-static volatile bool g_sp_go, g_sp_in_report, g_sp_acking;
-static volatile bool g_sp_saw_window, g_sp_after;
-static volatile double g_sp_act_ms, g_sp_getppid_ms;
-static volatile double g_sp_report_t0, g_sp_seen_ms;
-static char *volatile g_sp_buf, *volatile g_sp_spare;
-static volatile enum sp_act g_sp_act;
-static int g_sp_pipe[2] = { -1, -1 };
-
-static void sp_reporting(void)
-{
-	g_sp_report_t0 = now_ns();
-	g_sp_in_report = true;
-	usleep(200000);
-	g_sp_acking = true;	/* just before the ack: a stricter check */
-}
-
-static void sp_pin_cpu(int cpu)
-{
-	cpu_set_t set;
-
-	CPU_ZERO(&set);
-	CPU_SET(cpu, &set);
-	pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-}
-
-static void *sp_spinner(void *a)
-{
-	double t0;
-	void *p;
-
-	(void)a;
-	sp_pin_cpu(1);
-	while (!g_sp_go)
-		;
-	while (!g_sp_in_report)
-		;	/* in user space through the change and its shootdown */
-	g_sp_seen_ms = ms_since(g_sp_report_t0);
-	g_sp_saw_window = !g_sp_acking;
-	t0 = now_ns();
-	switch (g_sp_act) {
-	case SP_TOUCH:
-		g_sp_buf[4096] = 1;
-		break;
-	case SP_READ:
-		if (read(g_sp_pipe[0], g_sp_buf + 4096, 1) != 1)
-			g_sp_act_ms = -2;
-		break;
-	case SP_MMAP_FREED:
-	case SP_MMAP_ELSEWHERE:
-		p = g_sp_act == SP_MMAP_FREED ? g_sp_buf : g_sp_spare;
-		if (mmap(p, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS |
-			 MAP_FIXED_NOREPLACE, -1, 0) != p)
-			g_sp_act_ms = -3;
-		break;
-	}
-	g_sp_after = g_sp_acking;
-	if (g_sp_act_ms == -1)
-		g_sp_act_ms = ms_since(t0);
-	t0 = now_ns();
-	syscall(SYS_getppid);
-	g_sp_getppid_ms = ms_since(t0);
-	return NULL;
-}
-
-static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
-{
-	bool freed = act == SP_MMAP_FREED || act == SP_MMAP_ELSEWHERE;
-	struct pinned pa;
-	pthread_t sp;
-	int rc;
-
-	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
-		return skip("one CPU: no thread runs beside the changing one");
-	if (!irq_passes_on() && sysval("fault_probe") != 0)
-		return skip("the module has no fault_probe in sysfs");
-	sp_pin_cpu(0);
-	g_sp_go = g_sp_in_report = g_sp_acking = false;
-	g_sp_saw_window = g_sp_after = false;
-	g_sp_act_ms = g_sp_getppid_ms = g_sp_seen_ms = -1;
-	g_sp_act = act;
-	CHECK(pipe(g_sp_pipe) == 0 && write(g_sp_pipe[1], "x", 1) == 1, "pipe");
-	rc = pinned_watched(&pa, false);
-	if (rc)
-		return rc;
-	g_sp_buf = pa.p;
-	if (!irq_passes_on())
-		return skip("no page-fault tracepoint: gates hold at interrupts");
-	CHECK(pthread_create(&sp, NULL, sp_spinner, NULL) == 0, "spinner");
-	g_sy.reporting = sp_reporting;
-	usleep(50000);	/* the spinner runs on CPU 1 */
-	/* last: nothing else is mapped there before the spinner's mmap */
-	g_sp_spare = anon(4096);
-	CHECK(g_sp_spare && munmap(g_sp_spare, 4096) == 0, "a spare page");
-	g_sp_go = true;
-	if (freed) {
-		CHECK(munmap(pa.p, LEN) == 0, "munmap");
-	} else {
-		CHECK(madvise(pa.p, LEN, MADV_DONTNEED) == 0, "madvise");
-	}
-	CHECK(g_sy.reported, "the change returned before its report");
-	pthread_join(sp, NULL);
-	g_sy.reporting = NULL;
-	io_uring_queue_exit(&pa.ring);
-	if (!freed)
-		munmap(pa.p, LEN);
-	CHECK(sy_stats(st) == 0, "SYNC_STATS");
-	printf("the spinner %s the report, %.1f ms after it began; its act took %.1f ms, %s the ack; getppid %.1f ms; irq_passes %llu irq_releases %llu fault_held %llu irq_next_held %llu gate_waits %llu gate_timeouts %llu\n",
-	       g_sp_saw_window ? "ran during" : "was held until",
-	       g_sp_seen_ms,
-	       g_sp_act_ms, g_sp_after ? "ended after" : "returned before",
-	       g_sp_getppid_ms,
-	       (unsigned long long)st->irq_passes,
-	       (unsigned long long)st->irq_releases,
-	       (unsigned long long)st->fault_held,
-	       (unsigned long long)st->irq_next_held,
-	       (unsigned long long)st->gate_waits,
-	       (unsigned long long)st->gate_timeouts);
-	CHECK(g_sp_act_ms >= 0, "the spinner's act failed (%.0f)", g_sp_act_ms);
-	CHECK(g_sp_saw_window, "the spinner was held at the change's shootdown until the report");
-	/* held there, it was let go only by the 50 ms fuse (irq_releases) */
-	CHECK(g_sp_seen_ms >= 0 && g_sp_seen_ms < 20 && st->irq_passes >= 1 &&
-	      !st->irq_releases,
-	      "the spinner saw the report %.1f ms after it began; irq_passes %llu irq_releases %llu",
-	      g_sp_seen_ms, (unsigned long long)st->irq_passes,
-	      (unsigned long long)st->irq_releases);
-	CHECK(!st->gate_timeouts, "gate_timeouts %llu",
-	      (unsigned long long)st->gate_timeouts);
-	CHECK(g_sp_getppid_ms >= 0 && g_sp_getppid_ms < 20,
-	      "the spinner's getppid took %.1f ms", g_sp_getppid_ms);
-	return 0;
-}
-
-/* the spinner's act is held until the report, counted by fault_held or
- * irq_next_held */
-static int sp_held(enum sp_act act, const char *what, bool fault)
-{
-	struct kreg_nf_sync_stats st;
-	int rc = sp_run(act, &st);
-	__u64 n;
-
-	if (rc)
-		return rc;
-	n = fault ? st.fault_held : st.irq_next_held;
-	CHECK(g_sp_after && n >= 1, "the spinner's %s %s the report (%s %llu)",
-	      what, g_sp_after ? "ended after" : "returned before",
-	      fault ? "fault_held" : "irq_next_held", (unsigned long long)n);
-	return 0;
-}
-
-static int t_sync_spinner_touch_held(void)
-{
-	return sp_held(SP_TOUCH, "touch of a zapped page of the change", true);
-}
-
-static int t_sync_spinner_read_held(void)
-{
-	return sp_held(SP_READ, "read() into a zapped page of the change",
-		       true);
-}
-
-static int t_sync_spinner_mmap_freed_held(void)
-{
-	return sp_held(SP_MMAP_FREED, "mmap of the freed address", false);
-}
-
-static int t_sync_spinner_mmap_elsewhere(void)
-{
-	struct kreg_nf_sync_stats st;
-	int rc = sp_run(SP_MMAP_ELSEWHERE, &st);
-
-	if (rc)
-		return rc;
-	CHECK(!g_sp_after && g_sp_act_ms < 50 && !st.irq_next_held,
-	      "the spinner's mmap of a page outside the change took %.1f ms, %s the report (irq_next_held %llu)",
-	      g_sp_act_ms, g_sp_after ? "after" : "before",
-	      (unsigned long long)st.irq_next_held);
 	return 0;
 }
 
@@ -1211,18 +986,11 @@ static int t_sync_spinner_not_kicked(void)
 		       (unsigned long long)st.gate_passes,
 		       (unsigned long long)st.gate_timeouts);
 		/*
-		 * The spinner comes back from the TLB shootdown the munmap
-		 * sends to its CPU (the kernel's IPI, which it takes with
-		 * UCM's hooks too) while the change is unreported: it goes on
-		 * at once where faults are watched (the module of 77df185
-		 * held it there, a wait at nearly every change), else it
-		 * waits there.
+		 * Not asserted: the spinner does wait at nearly every change,
+		 * when it comes back from the TLB shootdown the munmap sends
+		 * to its CPU (the kernel's IPI, which it takes with UCM's
+		 * hooks too) while the change is unreported.
 		 */
-		if (irq_passes_on())
-			CHECK(st.gate_waits <= CHANGES / 10 && st.irq_passes,
-			      "%llu waits, %llu passes at an interrupt for %d changes",
-			      (unsigned long long)st.gate_waits,
-			      (unsigned long long)st.irq_passes, CHANGES);
 	}
 	/*
 	 * A kick a change (the module of a37c080: TWA_RESUME) is a
@@ -1653,12 +1421,6 @@ const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-irq-next-call-inside-lock", t_sync_irq_next_call_inside_lock,
 	  NULL, NULL },
 	{ "sync-call-inside-lock", t_sync_call_inside_lock, NULL, NULL },
-	{ "sync-spinner-touch-held", t_sync_spinner_touch_held, NULL, NULL },
-	{ "sync-spinner-read-held", t_sync_spinner_read_held, NULL, NULL },
-	{ "sync-spinner-mmap-freed-held", t_sync_spinner_mmap_freed_held,
-	  NULL, NULL },
-	{ "sync-spinner-mmap-elsewhere", t_sync_spinner_mmap_elsewhere, NULL,
-	  NULL },
 	{ "sync-call-freed-address-held", t_sync_call_freed_address_held,
 	  NULL, NULL },
 	{ "sync-born-held", t_sync_born_held, NULL, NULL },
