@@ -61,6 +61,14 @@ static ssize_t sys_exit_probe_puts_show(struct device *dev,
 }
 static DEVICE_ATTR_ADMIN_RO(sys_exit_probe_puts);
 
+/* how many times the sched_process_fork probe went on since the module loaded */
+static ssize_t fork_probe_puts_show(struct device *dev,
+				    struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%lu\n", kreg_fork_probe_puts());
+}
+static DEVICE_ATTR_ADMIN_RO(fork_probe_puts);
+
 static struct attribute *kreg_attrs[] = {
 	&kreg_attr_contexts.attr.attr,
 	&kreg_attr_ranges.attr.attr,
@@ -68,6 +76,7 @@ static struct attribute *kreg_attrs[] = {
 	&dev_attr_users.attr,
 	&dev_attr_sys_exit_probe.attr,
 	&dev_attr_sys_exit_probe_puts.attr,
+	&dev_attr_fork_probe_puts.attr,
 	NULL,
 };
 ATTRIBUTE_GROUPS(kreg);

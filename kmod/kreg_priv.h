@@ -281,7 +281,8 @@ void kreg_gate_owed(struct kreg_sync *s);
 void kreg_gate_born(struct kreg_sync *s, struct task_struct *child);
 
 /* kreg_probes.c */
-void kreg_fork_probe_set(bool on);
+void kreg_fork_probe_get(void);
+unsigned long kreg_fork_probe_puts(void);
 int kreg_owed_watch(struct kreg_sync *s);
 void kreg_owed_settled(struct kreg_sync *s);
 void kreg_owed_exit(void);

@@ -29,7 +29,8 @@
  * return the freed address. The tracepoint runs in the parent after the
  * child is made and before it first runs (kernel_clone(): before
  * wake_up_new_task()), where its gate can be armed for its first return.
- * On while any delivery is started: a call and a short list per clone().
+ * On from the first delivery started until module exit (kreg_fork_probe_get()):
+ * a call and a short list, empty without a delivery, per clone().
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -242,18 +243,25 @@ static void kreg_fork_probe(void *data, struct task_struct *parent,
 }
 
 static struct tracepoint *kreg_sched_fork;
+static bool kreg_fork_on;
+static unsigned long kreg_fork_puts;	/* times put on: sysfs, the tests */
 
 /*
- * kreg_syncs_lock held: on while any delivery is started. A failure is
- * said once; births during a report are then not held (counted nowhere:
- * nothing sees them).
+ * kreg_syncs_lock held, at every START: on from the first until module
+ * exit, never off in between. Putting a probe on or off patches the
+ * kernel's text (its static key), which qemu's multi-threaded TCG, where
+ * CI runs the module, can crash or hang on while another vCPU runs that
+ * code (doc/design.md, "qemu and the kernel's text patching"): on and off
+ * at every first START and last STOP, it was patched about twice a test.
+ * The price of staying on: a call and an empty list per clone() of the
+ * machine. A failure is said once; births during a report are then not
+ * held (counted nowhere: nothing sees them).
  */
-void kreg_fork_probe_set(bool on)
+void kreg_fork_probe_get(void)
 {
-	static bool is_on;
 	int ret;
 
-	if (on == is_on)
+	if (kreg_fork_on)
 		return;
 	if (!kreg_sched_fork)
 		kreg_sched_fork = kreg_tracepoint("sched_process_fork");
@@ -261,18 +269,19 @@ void kreg_fork_probe_set(bool on)
 		pr_warn_once("no sched_process_fork tracepoint: a thread born while a change is unreported is not held\n");
 		return;
 	}
-	if (on)
-		ret = tracepoint_probe_register(kreg_sched_fork,
-						(void *)kreg_fork_probe, NULL);
-	else
-		ret = tracepoint_probe_unregister(kreg_sched_fork,
-						  (void *)kreg_fork_probe,
-						  NULL);
+	ret = tracepoint_probe_register(kreg_sched_fork,
+					(void *)kreg_fork_probe, NULL);
 	if (ret)
 		pr_warn_once("sched_process_fork probe: error %d: a thread born while a change is unreported is not held\n",
 			     ret);
 	else
-		is_on = on;
+		kreg_fork_on = true;
+	WRITE_ONCE(kreg_fork_puts, kreg_fork_puts + kreg_fork_on);
+}
+
+unsigned long kreg_fork_probe_puts(void)
+{
+	return READ_ONCE(kreg_fork_puts);
 }
 
 /* No debt for KREG_PROBE_LINGER: the probe comes off. */
@@ -295,6 +304,12 @@ void kreg_owed_exit(void)
 	mutex_lock(&kreg_owed_mutex);
 	kreg_owed_sweep_locked(true);
 	mutex_unlock(&kreg_owed_mutex);
+	/* every sync is stopped: nothing calls kreg_fork_probe_get() now */
+	if (kreg_fork_on) {
+		tracepoint_probe_unregister(kreg_sched_fork,
+					    (void *)kreg_fork_probe, NULL);
+		kreg_fork_on = false;
+	}
 	/* no probe call of ours is still running */
 	tracepoint_synchronize_unregister();
 }

@@ -420,8 +420,7 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 			kreg_signal_release(owner, s->signo, s->handler);
 		put_pid(owner);
 	} else {
-		if (list_empty(&kreg_syncs))
-			kreg_fork_probe_set(true);
+		kreg_fork_probe_get();
 		list_add_rcu(&s->live, &kreg_syncs);
 	}
 out:
@@ -460,8 +459,6 @@ void kreg_sync_stop_locked(struct kreg_sync *s)
 	put_pid(dispatcher);
 	mutex_lock(&kreg_syncs_lock);
 	list_del_rcu(&s->live);
-	if (list_empty(&kreg_syncs))
-		kreg_fork_probe_set(false);
 	/* the fork probe's walk is past s before s is started or freed again */
 	synchronize_rcu();
 	INIT_LIST_HEAD(&s->live);

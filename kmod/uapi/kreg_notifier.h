@@ -194,8 +194,8 @@ struct kreg_nf_event {
  *    may be made inside that lock (irq_next_released: a window, and the
  *    thread owes its next one). A
  *    thread that clone() makes while a change is unreported is held at its
- *    first return (born_held, a probe on sched_process_fork while delivery
- *    runs). The module interrupts no thread in user space (but the
+ *    first return (born_held, a probe on sched_process_fork from the first
+ *    delivery started until module exit). The module interrupts no thread in user space (but the
  *    TLB shootdown of an unmap does, and a gate holds the thread it
  *    interrupted until the report), and a change
  *    costs nothing per thread that did not enter the kernel since the
