@@ -44,22 +44,21 @@ static ssize_t users_show(struct device *dev, struct device_attribute *attr,
 }
 static DEVICE_ATTR_ADMIN_RO(users);
 
-/* 1 while the sys_exit probe is on (kreg_probes.c): for the tests */
-static ssize_t sys_exit_probe_show(struct device *dev,
+/* 1 while the call hooks are on (kreg_probes.c): gates pass at interrupts */
+static ssize_t call_hook_show(struct device *dev,
+			      struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%d\n", kreg_call_hook_on());
+}
+static DEVICE_ATTR_ADMIN_RO(call_hook);
+
+/* how many times they went on since the module loaded: once, or never */
+static ssize_t call_hook_puts_show(struct device *dev,
 				   struct device_attribute *attr, char *buf)
 {
-	return sysfs_emit(buf, "%d\n", kreg_owed_probe_on());
+	return sysfs_emit(buf, "%lu\n", kreg_call_hook_puts());
 }
-static DEVICE_ATTR_ADMIN_RO(sys_exit_probe);
-
-/* how many times it was put on since the module loaded */
-static ssize_t sys_exit_probe_puts_show(struct device *dev,
-					struct device_attribute *attr,
-					char *buf)
-{
-	return sysfs_emit(buf, "%lu\n", kreg_owed_probe_puts());
-}
-static DEVICE_ATTR_ADMIN_RO(sys_exit_probe_puts);
+static DEVICE_ATTR_ADMIN_RO(call_hook_puts);
 
 /* how many times the sched_process_fork probe went on since the module loaded */
 static ssize_t fork_probe_puts_show(struct device *dev,
@@ -74,8 +73,8 @@ static struct attribute *kreg_attrs[] = {
 	&kreg_attr_ranges.attr.attr,
 	&kreg_attr_memory.attr.attr,
 	&dev_attr_users.attr,
-	&dev_attr_sys_exit_probe.attr,
-	&dev_attr_sys_exit_probe_puts.attr,
+	&dev_attr_call_hook.attr,
+	&dev_attr_call_hook_puts.attr,
 	&dev_attr_fork_probe_puts.attr,
 	NULL,
 };
@@ -99,8 +98,8 @@ module_init(kreg_init);
 static void __exit kreg_exit(void)
 {
 	misc_deregister(&kreg_misc);
-	/* after the last descriptor: the sys_exit probe comes off */
-	kreg_owed_exit();
+	/* after the last descriptor: the probes come off */
+	kreg_probes_exit();
 }
 module_exit(kreg_exit);
 

@@ -42,11 +42,9 @@
  *                      Under it: the owner's siglock (to walk its threads)
  *                      and a task's pi_lock and runqueue lock (task_work_add
  *                      with TWA_SIGNAL wakes); never the reverse.
- * kreg_owed_mutex (mutex) the list of syncs with a debt and the sys_exit
- *                      probe (kreg_probes.c): taken by a gate with no lock
- *                      held and by its work item; takes sync->lock inside.
- *                      The probe reads that list under RCU and takes
- *                      sync->lock.
+ *   The probes (kreg_probes.c) read the started syncs under RCU and take
+ *                      sync->lock, in the thread that calls mmap, brk,
+ *                      mremap or shmat, or that clone()s.
  * kreg_users_lock (mutex) the per-uid table: open, release and sysfs only,
  * never with another lock of ours held. Counter pages are published with
  * cmpxchg() and never change until release: the fault handler (under
@@ -192,7 +190,7 @@ enum kreg_sync_stat {		/* the fields of struct kreg_nf_sync_stats */
 	KREG_ST_GATE_PASSES, KREG_ST_THREADS, KREG_ST_DRAIN_WAITS,
 	KREG_ST_OWN_CHANGES, KREG_ST_INFLIGHT_FULL, KREG_ST_IRQ_RELEASES,
 	KREG_ST_IRQ_NEXT_HELD, KREG_ST_IRQ_UNWATCHED, KREG_ST_BORN_HELD,
-	KREG_ST_IRQ_NEXT_RELEASED, KREG_ST_CALL_RELEASES,
+	KREG_ST_IRQ_NEXT_RELEASED, KREG_ST_CALL_RELEASES, KREG_ST_IRQ_PASSES,
 	KREG_ST_NR = sizeof(struct kreg_nf_sync_stats) / sizeof(__u64)
 };
 
@@ -203,6 +201,7 @@ struct kreg_sync_ent {
 	u64 seq;
 	u32 pending;	/* invalidations merged in that have not ended yet */
 	bool merged;	/* a full queue widened it */
+	bool gone;	/* its range has no VMA left: kreg_change_gone() */
 };
 
 /* An invalidation in flight, from its start callback to its end. */
@@ -244,11 +243,7 @@ struct kreg_sync {
 	DECLARE_HASHTABLE(gates, KREG_GATE_BITS);	/* by task */
 	struct list_head idle;		/* gates to arm at the next change */
 	struct list_head live;		/* on kreg_syncs (RCU) while started */
-	u64 owed_until;			/* lock: a debt's report (kreg_probes.c) */
-	/* kreg_probes.c's mutex: */
-	struct list_head owed;		/* on its list (RCU) while owed_on */
-	struct list_head owed_reap;	/* taken off, until a grace period */
-	bool owed_on;
+	u64 owed_until;			/* lock: the newest debt (kreg_probes.c) */
 	atomic64_t stats[KREG_ST_NR];
 };
 
@@ -270,6 +265,7 @@ void kreg_sync_release(struct kref *ref);
 void kreg_sync_count(struct kreg_sync *s, enum kreg_sync_stat i);
 void kreg_sync_wake_reader(struct kreg_sync *s);
 void kreg_sync_born(struct task_struct *child);
+void kreg_sync_call(void);
 
 /* kreg_gate.c */
 void kreg_gates_arm(struct kreg_sync *s, struct list_head *reap);
@@ -281,13 +277,11 @@ void kreg_gate_owed(struct kreg_sync *s);
 void kreg_gate_born(struct kreg_sync *s, struct task_struct *child);
 
 /* kreg_probes.c */
-void kreg_fork_probe_get(void);
+void kreg_probes_get(void);
+bool kreg_call_hook_on(void);
+unsigned long kreg_call_hook_puts(void);
 unsigned long kreg_fork_probe_puts(void);
-int kreg_owed_watch(struct kreg_sync *s);
-void kreg_owed_settled(struct kreg_sync *s);
-void kreg_owed_exit(void);
-bool kreg_owed_probe_on(void);
-unsigned long kreg_owed_probe_puts(void);
+void kreg_probes_exit(void);
 
 /* kreg_signal.c */
 bool kreg_owner_siglocked(struct pid *owner,

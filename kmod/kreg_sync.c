@@ -29,6 +29,7 @@
 
 #include <linux/compat.h>
 #include <linux/mm.h>
+#include <linux/mman.h>
 #include <linux/mmu_notifier.h>
 #include <linux/pid.h>
 #include <linux/poll.h>
@@ -90,7 +91,7 @@ static bool kreg_signal_reaches(struct kreg_sync *s)
  */
 static void kreg_sync_queue(struct kreg_sync *s,
 			    const struct mmu_notifier_range *range,
-			    unsigned long split_pfn)
+			    unsigned long split_pfn, bool gone)
 {
 	struct kreg_sync_ent *e;
 	u32 idx;
@@ -101,6 +102,7 @@ static void kreg_sync_queue(struct kreg_sync *s,
 		e->start = min_t(u64, e->start, range->start);
 		e->end = max_t(u64, e->end, range->end);
 		e->merged = true;
+		e->gone = e->gone && gone;
 		kreg_sync_count(s, KREG_ST_OVERFLOWS);
 	} else {
 		idx = (s->q_first + s->q_n++) % KREG_NF_SYNC_QUEUE;
@@ -109,6 +111,7 @@ static void kreg_sync_queue(struct kreg_sync *s,
 		e->end = range->end;
 		e->pending = 0;
 		e->merged = false;
+		e->gone = gone;
 	}
 	e->seq = ++s->seq;
 	kreg_sync_count(s, KREG_ST_QUEUED);
@@ -174,6 +177,38 @@ static bool kreg_own_unmap(const struct mmu_notifier_range *range)
 	}
 }
 
+/*
+ * Whether range, current's own change, takes its mapping away: the pages
+ * go in MMU_NOTIFY_UNMAP inside munmap, brk, shmdt, an mmap over them, or
+ * an mremap that moves or shrinks them (not with MREMAP_DONTUNMAP, which
+ * keeps the old range mapped, emptied). Once such a change is queued, no
+ * thread can map a page at its addresses but by a call that can return an
+ * address (mmap, mremap, brk, shmat), which the call hooks hold
+ * (kreg_probes.c): a touch there faults on no VMA. A hugetlb madvise zaps
+ * in MMU_NOTIFY_UNMAP too, and the VMA stays: so the call decides, not the
+ * event. A 32-bit caller: no.
+ */
+static bool kreg_change_gone(const struct mmu_notifier_range *range)
+{
+	struct pt_regs *regs = task_pt_regs(current);
+	unsigned long args[6];
+
+	if (range->event != MMU_NOTIFY_UNMAP || in_compat_syscall())
+		return false;
+	switch (syscall_get_nr(current, regs)) {
+	case __NR_munmap:
+	case __NR_brk:
+	case __NR_mmap:
+	case __NR_shmdt:
+		return true;
+	case __NR_mremap:
+		syscall_get_arguments(current, regs, args);
+		return !(args[3] & MREMAP_DONTUNMAP);
+	default:
+		return false;
+	}
+}
+
 static int kreg_sync_range_start(struct mmu_notifier *mn,
 				 const struct mmu_notifier_range *range)
 {
@@ -233,7 +268,7 @@ static int kreg_sync_range_start(struct mmu_notifier *mn,
 		spin_unlock(&s->lock);
 		return 0;
 	}
-	kreg_sync_queue(s, range, split_pfn);
+	kreg_sync_queue(s, range, split_pfn, user && kreg_change_gone(range));
 	own = user && task_pid(current) == s->dispatcher;
 	if (own) {
 		/* the reader's own change: it reports it when back in its loop */
@@ -371,8 +406,6 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 		hash_init(s->gates);
 		INIT_LIST_HEAD(&s->idle);
 		INIT_LIST_HEAD(&s->live);
-		INIT_LIST_HEAD(&s->owed);
-		INIT_LIST_HEAD(&s->owed_reap);
 		s->dead = true;
 		ctx->sync = s;	/* nothing reads it before the notifier is in */
 	}
@@ -420,7 +453,7 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 			kreg_signal_release(owner, s->signo, s->handler);
 		put_pid(owner);
 	} else {
-		kreg_fork_probe_get();
+		kreg_probes_get();
 		list_add_rcu(&s->live, &kreg_syncs);
 	}
 out:
@@ -449,7 +482,6 @@ void kreg_sync_stop_locked(struct kreg_sync *s)
 	spin_unlock(&s->lock);
 	wake_up_all(&s->wq);
 	wake_up_interruptible_poll(&s->poll_wq, EPOLLIN | EPOLLRDNORM);
-	kreg_owed_settled(s);
 	kreg_gates_reap(&reap);
 	/* waits for callbacks in progress */
 	mmu_notifier_unregister(&s->mn, s->mm);
@@ -477,6 +509,30 @@ void kreg_sync_born(struct task_struct *child)
 	list_for_each_entry_rcu(s, &kreg_syncs, live)
 		if (s->mm == child->mm) {
 			kreg_gate_born(s, child);
+			break;
+		}
+	rcu_read_unlock();
+}
+
+/*
+ * The call hook (kreg_probes.c), at the entry of every mmap, mremap, brk
+ * and shmat of the machine, preemption disabled: a thread of a process
+ * whose delivery runs, let go at an interrupt while a change it would have
+ * waited for is unreported, is held at this call's return.
+ */
+void kreg_sync_call(void)
+{
+	struct mm_struct *mm = current->mm;
+	struct kreg_sync *s;
+
+	if (!mm || list_empty(&kreg_syncs))
+		return;
+	rcu_read_lock();
+	list_for_each_entry_rcu(s, &kreg_syncs, live)
+		if (s->mm == mm) {
+			/* a debt made by this very thread: seen in order */
+			if (READ_ONCE(s->owed_until) > READ_ONCE(s->done))
+				kreg_gate_owed(s);
 			break;
 		}
 	rcu_read_unlock();
@@ -577,10 +633,8 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 	s->need_reader = false;
 	snap = s->seq;
 	spin_unlock(&s->lock);
-	if (acked) {
+	if (acked)
 		wake_up_all(&s->wq);
-		kreg_owed_settled(s);
-	}
 
 	/* the changes queued so far end soon: they are being zapped now */
 	if (!kreg_sync_settled(s, snap)) {
@@ -621,10 +675,8 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 	/* the caller reports what it got, until a DRAIN that gets nothing */
 	kreg_gate_reporting(s, current, n);
 	spin_unlock(&s->lock);
-	if (acked) {
+	if (acked)
 		wake_up_all(&s->wq);
-		kreg_owed_settled(s);
-	}
 	arg.count = n;
 	if (n)
 		kreg_sync_count(s, KREG_ST_DRAINS);

@@ -181,18 +181,22 @@ struct kreg_nf_event {
  *    thread that is reporting (its last DRAIN handed it ranges: what it
  *    runs to report them may make system calls inside locks that other
  *    reporters need) and a thread that has exec'ed. After 2 ms a waiting gate wakes the
- *    dispatcher. A thread held at a return from an interrupt or exception
- *    goes on once a report has waited 50 ms for it (it may hold a
- *    user-space lock the report needs: irq_releases), and so does a
- *    thread held at the return of an mmap or mremap that failed or mapped
- *    nothing of an unreported change (call_releases: such a lock holder
- *    obtained nothing stale; one that mapped a freed address is held, it
- *    is the race). Its next system call
- *    that can return an address (mmap, mremap, brk, shmat) is then held
- *    at its end (irq_next_held, through a probe on the kernel's sys_exit
- *    tracepoint while such a report is unfinished), 250 ms at most, for it
- *    may be made inside that lock (irq_next_released: a window, and the
- *    thread owes its next one). A
+ *    dispatcher. A thread at a return from an interrupt or exception
+ *    (its tick, the unmap's own TLB shootdown) goes on at once when every
+ *    unreported change took its mapping away (its changing thread's
+ *    munmap, brk, shmdt, mmap over it, or mremap without
+ *    MREMAP_DONTUNMAP: irq_passes); after any other change it goes on once
+ *    a report has waited 50 ms for it (it may hold a user-space lock the
+ *    report needs: irq_releases), and so does a thread held at the return
+ *    of an mmap or mremap that failed or mapped nothing of an unreported
+ *    change (call_releases: such a lock holder obtained nothing stale; one
+ *    that mapped a freed address is held, it is the race). Its next
+ *    system call that can return an address (mmap, mremap, brk, shmat) is
+ *    then held at its end (irq_next_held, through the module's ftrace
+ *    hooks on those calls, on from the first SYNC_START to module exit)
+ *    if it maps a page of an unreported change (brk and shmat: always),
+ *    250 ms at most, for it may be made inside that lock
+ *    (irq_next_released: a window, and the thread owes its next one). A
  *    thread that clone() makes while a change is unreported is held at its
  *    first return (born_held, a probe on sched_process_fork from the first
  *    delivery started until module exit). The module interrupts no thread in user space (but the
@@ -223,8 +227,8 @@ struct kreg_nf_event {
  * want of memory (gate_nomem: it is looked for again at the next change);
  * more than 64 changes in flight at once (inflight_full: handed out before
  * their end); a thread let go at an interrupt whose next system call could
- * not be watched (irq_unwatched: the sys_exit tracepoint refused the
- * probe) or was let go too (irq_next_released).
+ * not be watched (irq_unwatched: the kernel refused the ftrace hooks) or
+ * was let go too (irq_next_released).
  *
  * signo is held while delivery runs: SYNC_START needs signo's handler in
  * the process to be handler already (not SA_RESETHAND), and from then on
@@ -315,14 +319,17 @@ struct kreg_nf_sync_stats {
 	 * on while a report was under way for 50 ms without an end (they may
 	 * hold a lock the report needs); each one's next system call that can
 	 * return an address is held at its end until the report
-	 * (irq_next_held), through the kernel's sys_exit tracepoint
+	 * (irq_next_held), through the module's ftrace hooks on those calls
 	 */
 	__u64 irq_releases;
-	/* of those, held at the end of their next mmap, mremap, brk, shmat */
+	/*
+	 * of those and irq_passes, held at the end of their next mmap,
+	 * mremap, brk or shmat
+	 */
 	__u64 irq_next_held;
 	/*
 	 * of irq_releases, those whose next system call could not be watched
-	 * (the sys_exit tracepoint refused a probe): a window
+	 * (the kernel refused the module's ftrace hooks): a window
 	 */
 	__u64 irq_unwatched;
 	/*
@@ -343,6 +350,15 @@ struct kreg_nf_sync_stats {
 	 * return an address is held): they obtained nothing stale
 	 */
 	__u64 call_releases;
+	/*
+	 * threads at a return from an interrupt or exception let go at once:
+	 * every unreported change had taken its range's mapping away (their
+	 * own munmap, mremap, brk, shmdt or mmap over it), so no touch could
+	 * map a page of it, and their next mmap, mremap, brk or shmat is held
+	 * until the report if it maps a page of one (irq_next_held), through
+	 * the module's ftrace hooks on those calls
+	 */
+	__u64 irq_passes;
 };
 
 #define KREG_NF_SYNC_QUEUE 64

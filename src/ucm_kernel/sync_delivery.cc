@@ -300,6 +300,7 @@ void sync_add_stats(kreg_stats_t *stats)
     stats->sync.born_held     += st.born_held;
     stats->sync.irq_next_released += st.irq_next_released;
     stats->sync.call_releases += st.call_releases;
+    stats->sync.irq_passes    += st.irq_passes;
 }
 
 } // namespace kreg

@@ -206,7 +206,7 @@ typedef struct {
         uint64_t irq_next_held;        /* of those, held at the end of their
                                           next system call until the report */
         uint64_t irq_unwatched;        /* of those, next system call not
-                                          held (no sys_exit probe): a window */
+                                          held (no call hooks): a window    */
         uint64_t born_held;            /* threads made while a change was
                                           unreported, held at their first
                                           return until it was reported     */
@@ -218,6 +218,10 @@ typedef struct {
                                           of the change, let go as
                                           irq_releases (a lock the report
                                           needs); next call held the same   */
+        uint64_t irq_passes;           /* threads at an interrupt's return
+                                          let go at once after a munmap
+                                          (nothing mapped there any more);
+                                          next call held as irq_releases'   */
     } sync;
 } kreg_stats_t;
 

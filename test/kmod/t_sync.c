@@ -198,8 +198,9 @@ static int t_sync_handler_held(void)
 }
 
 /*
- * The sched_process_fork probe goes on at the first START since the module
- * loaded and stays on through every STOP and close: putting a probe on or
+ * The sched_process_fork probe and the call hooks go on at the first START
+ * since the module loaded and stay on through every STOP and close:
+ * putting a probe on or
  * off patches the kernel's text, which qemu's multi-threaded TCG (where CI
  * runs this) can crash or hang on (doc/design.md, "qemu and the kernel's
  * text patching"). The module of 1e957bd put it on at every first START.
@@ -218,6 +219,10 @@ static int t_sync_fork_probe_once(void)
 	if (puts < 0)
 		return skip("the module has no fork_probe_puts in sysfs");
 	CHECK(puts == 1, "the sched_process_fork probe was put on %ld times since the module loaded",
+	      puts);
+	/* the call hooks: the same rule (x86-64 with ftrace: on once) */
+	puts = sysval("call_hook_puts");
+	CHECK(puts == 1, "the call hooks were put on %ld times since the module loaded",
 	      puts);
 	return 0;
 }

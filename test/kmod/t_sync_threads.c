@@ -348,6 +348,7 @@ static pthread_spinlock_t g_il_lock;
 static volatile bool g_il_go, g_il_holding;
 static volatile bool g_in_after_lock, g_in_acked, g_in_forever, g_in_inside;
 static volatile double g_in_getppid_ms, g_in_signal_ms;
+static char *volatile g_in_freed;	/* the changed buffer's address */
 
 static void in_sigusr1(int sig)
 {
@@ -362,10 +363,15 @@ static void in_reporting(void)
 	g_in_acked = true;	/* just before the ack: a stricter check */
 }
 
-/* an mmap: a call that returns an address */
+/*
+ * An mmap of the freed address itself (the race the gates close; an mmap
+ * elsewhere goes on: it mapped nothing of the change). The munmap was done
+ * long before (the holder spins 300 ms first).
+ */
 static void in_mmap(void)
 {
-	void *p = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	void *p = mmap(g_in_freed, 4096, PROT_READ,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
 
 	if (p != MAP_FAILED)
 		munmap(p, 4096);
@@ -397,8 +403,12 @@ static void *in_holder(void *a)
 	return NULL;
 }
 
-/* the holder's scenario up to the change, which returns once reported */
-static int in_change(bool forever, bool inside)
+/*
+ * The holder's scenario up to the change, which returns once reported: a
+ * munmap, or with dontneed an MADV_DONTNEED, whose range stays mapped (a
+ * touch there maps a new page), so a thread at an interrupt is held.
+ */
+static int in_change(bool forever, bool inside, bool dontneed)
 {
 	struct pinned pa;
 	pthread_t h;
@@ -414,85 +424,109 @@ static int in_change(bool forever, bool inside)
 	rc = pinned_watched(&pa, false);
 	if (rc)
 		return rc;
+	g_in_freed = pa.p;
 	CHECK(pthread_create(&h, NULL, in_holder, NULL) == 0, "pthread_create");
 	g_il_go = true;
 	while (!g_il_holding)
 		;
 	g_sy.reporting = in_reporting;
+	if (dontneed) {
+		CHECK(madvise(pa.p, LEN, MADV_DONTNEED) == 0, "madvise");
+		CHECK(g_sy.reported, "madvise returned before its report");
+		pthread_join(h, NULL);
+		CHECK(pinned_free(&pa) == 0, "munmap");
+		return 0;
+	}
 	CHECK(pinned_free(&pa) == 0, "munmap");
 	CHECK(g_sy.reported, "munmap returned before its report");
 	pthread_join(h, NULL);
 	return 0;
 }
 
-/* the sys_exit probe is off within 3 s (it lingers 1 s after the report) */
-static bool probe_goes_off(void)
+/* the call hooks are on: gates pass a thread at an interrupt */
+static bool irq_passes_on(void)
 {
-	for (int i = 0; i < 300; i++) {
-		if (sysval("sys_exit_probe") == 0)
-			return true;
-		usleep(10000);
-	}
-	return false;
+	return sysval("call_hook") == 1;
 }
 
 /*
  * A thread stopped at a return from an interrupt (its tick) inside a
- * user-space lock that the report needs goes on, counted, once the report
- * has waited for it for the fuse: in CI, UCP with 4 and 8 threads had a
- * thread stopped by its tick inside UCX's rcache spinlock while both
+ * user-space lock that the report needs: in CI, UCP with 4 and 8 threads
+ * had a thread stopped by its tick inside UCX's rcache spinlock while both
  * reporters spun on it, until the gate timed out (the module of cd6b037
- * holds it here for the whole timeout, 5 s).
+ * holds it here for the whole timeout, 5 s). After a munmap it goes on at
+ * once where the call hooks are on (irq_passes), else once the report has
+ * waited for it for the fuse (irq_releases); after an MADV_DONTNEED (the
+ * range stays mapped) by the fuse.
  */
-static int t_sync_irq_lock_holder(void)
+static int irq_lock_holder(bool dontneed)
 {
 	struct kreg_nf_sync_stats st;
 	double t0 = now_ns();
-	int rc = in_change(false, false);
+	int rc = in_change(false, false, dontneed);
+	bool passes = irq_passes_on() && !dontneed;
 
 	if (rc)
 		return rc;
-	CHECK(sy_stats(&st) == 0 && st.gate_timeouts == 0 &&
-	      st.irq_releases >= 1,
-	      "gate_timeouts %llu irq_releases %llu after %.0f ms",
+	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+	printf("irq_passes %llu irq_releases %llu gate_timeouts %llu, %.0f ms\n",
+	       (unsigned long long)st.irq_passes,
+	       (unsigned long long)st.irq_releases,
+	       (unsigned long long)st.gate_timeouts, ms_since(t0));
+	CHECK(st.gate_timeouts == 0 &&
+	      (passes ? st.irq_passes >= 1 && !st.irq_releases :
+			st.irq_releases >= 1 && !st.irq_passes),
+	      "gate_timeouts %llu irq_passes %llu irq_releases %llu (call hooks %s, %s)",
 	      (unsigned long long)st.gate_timeouts,
-	      (unsigned long long)st.irq_releases, ms_since(t0));
+	      (unsigned long long)st.irq_passes,
+	      (unsigned long long)st.irq_releases,
+	      irq_passes_on() ? "on" : "off", dontneed ? "madvise" : "munmap");
 	CHECK(ms_since(t0) < 2000, "the report took %.0f ms", ms_since(t0));
 	return 0;
 }
 
+static int t_sync_irq_lock_holder(void)
+{
+	return irq_lock_holder(false);
+}
+
+static int t_sync_irq_lock_holder_dontneed(void)
+{
+	return irq_lock_holder(true);
+}
+
 /*
- * The holder's scenario with the probe off before, its counts printed:
- * 0, 77 when no tick stopped the holder in its gate, or a failure.
+ * The holder's scenario, its counts printed: 0, 77 when no tick stopped
+ * the holder in its gate, or a failure.
  */
 static int in_run(bool inside, struct kreg_nf_sync_stats *st, double *ms)
 {
 	double t0;
 	int rc;
 
-	CHECK(probe_goes_off(), "the sys_exit probe stays on from before");
 	t0 = now_ns();
-	rc = in_change(false, inside);
+	rc = in_change(false, inside, false);
 	if (rc)
 		return rc;
 	CHECK(sy_stats(st) == 0, "SYNC_STATS");
 	*ms = ms_since(t0);
-	printf("irq_releases %llu irq_next_held %llu irq_next_released %llu irq_unwatched %llu gate_timeouts %llu, %.0f ms\n",
+	printf("irq_passes %llu irq_releases %llu irq_next_held %llu irq_next_released %llu irq_unwatched %llu gate_timeouts %llu, %.0f ms\n",
+	       (unsigned long long)st->irq_passes,
 	       (unsigned long long)st->irq_releases,
 	       (unsigned long long)st->irq_next_held,
 	       (unsigned long long)st->irq_next_released,
 	       (unsigned long long)st->irq_unwatched,
 	       (unsigned long long)st->gate_timeouts, *ms);
-	if (!st->irq_releases)
+	if (!st->irq_releases && !st->irq_passes)
 		return skip("the holder's tick never stopped it in its gate");
 	return 0;
 }
 
 /*
- * The thread the fuse let go owes its next call that can return an
- * address: its mmap is held at its end until the report (the module of
- * 1a2e22b let it return at once, 150 ms before the ack: a window); its
- * getppid before it is not held.
+ * The thread let go at its tick owes its next call that can return an
+ * address: its mmap of the freed address is held at its end until the
+ * report (the module of 1a2e22b let it return at once, 150 ms before the
+ * ack: a window); its getppid before it is not held.
  */
 static int t_sync_irq_release_next_call_held(void)
 {
@@ -514,7 +548,6 @@ static int t_sync_irq_release_next_call_held(void)
 	      (unsigned long long)st.irq_next_held,
 	      (unsigned long long)st.irq_unwatched,
 	      (unsigned long long)st.gate_timeouts);
-	CHECK(probe_goes_off(), "the sys_exit probe stays on after the report");
 	return 0;
 }
 
@@ -538,7 +571,6 @@ static int t_sync_irq_next_call_inside_lock(void)
 	      (unsigned long long)st.gate_timeouts, ms);
 	CHECK(st.irq_next_released >= 1, "irq_next_released %llu",
 	      (unsigned long long)st.irq_next_released);
-	CHECK(probe_goes_off(), "the sys_exit probe stays on after the report");
 	return 0;
 }
 
@@ -642,7 +674,6 @@ static int cl_run(bool at_freed, int timeout_ms,
 	double t0;
 	int rc;
 
-	CHECK(probe_goes_off(), "the sys_exit probe stays on from before");
 	g_cl_go = g_cl_reporting = g_cl_holding = g_cl_acked = false;
 	g_cl_mapped_acked = g_cl_after = false;
 	g_cl_held_ms = -1;
@@ -656,6 +687,7 @@ static int cl_run(bool at_freed, int timeout_ms,
 	g_sy.want_start = (uintptr_t)pa.p;
 	g_sy.want_end = (uintptr_t)pa.p + LEN;
 	g_cl_freed = pa.p;
+	g_in_freed = pa.p;
 	g_cl_uffd = -1;
 	if (!at_freed) {
 		rc = cl_uffd_page();
@@ -676,23 +708,27 @@ static int cl_run(bool at_freed, int timeout_ms,
 		close(g_cl_uffd);
 	g_cl_uffd = -1;
 	CHECK(sy_stats(st) == 0, "SYNC_STATS");
-	printf("the holder's %s returned after %.0f ms (%s the ack); call_releases %llu irq_releases %llu irq_next_held %llu irq_next_released %llu irq_unwatched %llu gate_timeouts %llu, %.0f ms in all; probe puts %ld\n",
+	printf("the holder's %s returned after %.0f ms (%s the ack); call_releases %llu irq_passes %llu irq_releases %llu irq_next_held %llu irq_next_released %llu irq_unwatched %llu gate_timeouts %llu, %.0f ms in all\n",
 	       at_freed ? "mmap" : "mremap", g_cl_held_ms,
 	       g_cl_mapped_acked ? "after" : "before",
 	       (unsigned long long)st->call_releases,
+	       (unsigned long long)st->irq_passes,
 	       (unsigned long long)st->irq_releases,
 	       (unsigned long long)st->irq_next_held,
 	       (unsigned long long)st->irq_next_released,
 	       (unsigned long long)st->irq_unwatched,
-	       (unsigned long long)st->gate_timeouts, *ms,
-	       sysval("sys_exit_probe_puts"));
+	       (unsigned long long)st->gate_timeouts, *ms);
 	return 0;
 }
 
 /*
  * Its call maps nothing of the change: let go after the fuse (counted
  * call_releases; the module of 0dd8951 held it for the whole timeout, 5 s),
- * and its next mmap, after the lock, is held until the ack.
+ * and its next mmap, after the lock, is held until the ack. If an
+ * interrupt reached the holder first while the change was unreported (its
+ * tick, the shootdown: seen with the host loaded), its gate let it go
+ * there (irq_passes) and the mremap, which mapped nothing of the change,
+ * goes on at its end: the report ends all the same.
  */
 static int t_sync_call_inside_lock(void)
 {
@@ -703,12 +739,13 @@ static int t_sync_call_inside_lock(void)
 	if (rc)
 		return rc;
 	CHECK(g_cl_held_ms >= 0, "the holder's mremap failed");
-	CHECK(!st.gate_timeouts && st.call_releases >= 1 && ms < 2000,
-	      "gate_timeouts %llu call_releases %llu after %.0f ms",
+	CHECK(!st.gate_timeouts && (st.call_releases >= 1 || st.irq_passes >= 1) &&
+	      ms < 2000,
+	      "gate_timeouts %llu call_releases %llu irq_passes %llu after %.0f ms",
 	      (unsigned long long)st.gate_timeouts,
-	      (unsigned long long)st.call_releases, ms);
+	      (unsigned long long)st.call_releases,
+	      (unsigned long long)st.irq_passes, ms);
 	CHECK(g_cl_after, "the holder's next mmap returned before the report");
-	CHECK(probe_goes_off(), "the sys_exit probe stays on after the report");
 	return 0;
 }
 
@@ -734,26 +771,23 @@ static int t_sync_call_freed_address_held(void)
 
 /*
  * A process killed while it owes (its holder never leaves the lock, its
- * report never ends): the probe comes off and nothing stays live.
+ * report never ends): nothing stays live.
  */
 static int t_sync_irq_debt_killed(void)
 {
 	long c0 = sysval("contexts"), r0 = sysval("ranges"), c, r;
-	int status, i;
+	int status;
 	pid_t pid;
 
-	CHECK(probe_goes_off(), "the sys_exit probe stays on from before");
 	pid = fork();
 	CHECK(pid >= 0, "fork");
 	if (pid == 0)
-		_exit(in_change(true, false) ? 1 : 0);
-	for (i = 0; i < 500 && sysval("sys_exit_probe") != 1; i++)
-		usleep(10000);
+		_exit(in_change(true, false, false) ? 1 : 0);
+	/* the change and the holder's ticks, passes or fuses, while it spins */
+	usleep(700000);
 	kill(pid, SIGKILL);
 	CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
-	CHECK(i < 500, "the probe never came on (child status %#x)", status);
 	CHECK(WIFSIGNALED(status), "child status %#x", status);
-	CHECK(probe_goes_off(), "the sys_exit probe stays on after the exit");
 	CHECK(live_back_to(c0, r0, &c, &r), "live contexts %ld ranges %ld", c, r);
 	return 0;
 }
@@ -945,6 +979,226 @@ static long res_during_changes(int changes, long *res)
 }
 
 /*
+ * ---- a thread in user space during a change: the shootdown's return ----
+ *
+ * A thread spinning in user space on CPU 1 while the main thread, on CPU 0,
+ * changes a pinned buffer: the change's TLB shootdown interrupts it. After
+ * a munmap it has obtained nothing there and cannot but by a call that
+ * returns an address, so it goes on at once (irq_passes; the module of
+ * aaa88bf held it until the report, and every spinner of a process paid
+ * that at nearly every change). Its mmap of the freed address, while the
+ * report (200 ms) is under way, is held until the ack; an mmap elsewhere
+ * and a getppid are not. After an MADV_DONTNEED the range stays mapped
+ * and a touch maps a new page there: it is held at the shootdown (a report
+ * of 30 ms, inside the 50 ms fuse), and its touch comes after the ack. So
+ * after an mremap with MREMAP_DONTUNMAP, which moves the pages and leaves
+ * the old range mapped, empty.
+ */
+enum sp_act { SP_TOUCH, SP_TOUCH_DONTUNMAP, SP_MMAP_FREED, SP_MMAP_ELSEWHERE };
+
+static volatile bool g_sp_go, g_sp_in_report, g_sp_acking;
+static volatile bool g_sp_saw_window, g_sp_after;
+static volatile double g_sp_act_ms, g_sp_getppid_ms;
+static volatile double g_sp_report_t0, g_sp_seen_ms;
+static char *volatile g_sp_buf, *volatile g_sp_spare;
+static volatile enum sp_act g_sp_act;
+static volatile int g_sp_report_ms;
+
+static void sp_reporting(void)
+{
+	g_sp_report_t0 = now_ns();
+	g_sp_in_report = true;
+	usleep(g_sp_report_ms * 1000);
+	g_sp_acking = true;	/* just before the ack: a stricter check */
+}
+
+static void sp_pin_cpu(int cpu)
+{
+	cpu_set_t set;
+
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+static void *sp_spinner(void *a)
+{
+	double t0;
+	void *p;
+
+	(void)a;
+	sp_pin_cpu(1);
+	while (!g_sp_go)
+		;
+	while (!g_sp_in_report)
+		;	/* in user space through the change and its shootdown */
+	g_sp_seen_ms = ms_since(g_sp_report_t0);
+	g_sp_saw_window = !g_sp_acking;
+	t0 = now_ns();
+	g_sp_act_ms = 0;
+	switch (g_sp_act) {
+	case SP_TOUCH:
+	case SP_TOUCH_DONTUNMAP:
+		g_sp_buf[4096] = 1;
+		break;
+	case SP_MMAP_FREED:
+	case SP_MMAP_ELSEWHERE:
+		p = g_sp_act == SP_MMAP_FREED ? g_sp_buf : g_sp_spare;
+		if (mmap(p, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS |
+			 MAP_FIXED_NOREPLACE, -1, 0) != p)
+			g_sp_act_ms = -3;
+		break;
+	}
+	g_sp_after = g_sp_acking;
+	if (g_sp_act_ms == 0)
+		g_sp_act_ms = ms_since(t0);
+	t0 = now_ns();
+	syscall(SYS_getppid);
+	g_sp_getppid_ms = ms_since(t0);
+	return NULL;
+}
+
+static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
+{
+	bool freed = act == SP_MMAP_FREED || act == SP_MMAP_ELSEWHERE;
+	struct pinned pa;
+	void *moved = NULL;
+	pthread_t sp;
+	int rc;
+
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		return skip("one CPU: no thread runs beside the changing one");
+	if (freed && !irq_passes_on())
+		return skip("no call hooks (call_hook %ld): gates hold at interrupts",
+			    sysval("call_hook"));
+	sp_pin_cpu(0);
+	g_sp_go = g_sp_in_report = g_sp_acking = false;
+	g_sp_saw_window = g_sp_after = false;
+	g_sp_act_ms = g_sp_getppid_ms = g_sp_seen_ms = -1;
+	g_sp_act = act;
+	g_sp_report_ms = freed ? 200 : 30;
+	rc = pinned_watched(&pa, false);
+	if (rc)
+		return rc;
+	g_sp_buf = pa.p;
+	CHECK(pthread_create(&sp, NULL, sp_spinner, NULL) == 0, "spinner");
+	g_sy.reporting = sp_reporting;
+	usleep(50000);	/* the spinner runs on CPU 1 */
+	/* last: nothing else is mapped there before the spinner's mmap */
+	g_sp_spare = anon(4096);
+	CHECK(g_sp_spare && munmap(g_sp_spare, 4096) == 0, "a spare page");
+	g_sp_go = true;
+	if (freed) {
+		CHECK(munmap(pa.p, LEN) == 0, "munmap");
+	} else if (act == SP_TOUCH_DONTUNMAP) {
+		/* a free place to move to: the kernel reads a new address */
+		moved = anon(LEN);
+		CHECK(moved && munmap(moved, LEN) == 0, "a free place");
+		moved = (void *)syscall(SYS_mremap, pa.p, LEN, LEN,
+					MREMAP_MAYMOVE | MREMAP_DONTUNMAP,
+					moved);
+		if (moved == MAP_FAILED) {
+			moved = NULL;
+			g_sp_act = SP_MMAP_ELSEWHERE;	/* the spinner goes on */
+			g_sp_in_report = true;
+			pthread_join(sp, NULL);
+			return skip("mremap MREMAP_DONTUNMAP: %s", strerror(errno));
+		}
+	} else {
+		CHECK(madvise(pa.p, LEN, MADV_DONTNEED) == 0, "madvise");
+	}
+	CHECK(g_sy.reported, "the change returned before its report");
+	pthread_join(sp, NULL);
+	g_sy.reporting = NULL;
+	io_uring_queue_exit(&pa.ring);
+	if (!freed)
+		munmap(pa.p, LEN);
+	if (moved)
+		munmap(moved, LEN);
+	CHECK(sy_stats(st) == 0, "SYNC_STATS");
+	printf("the spinner %s the report, %.1f ms after it began; its act took %.1f ms, %s the ack; getppid %.1f ms; irq_passes %llu irq_releases %llu irq_next_held %llu gate_waits %llu gate_timeouts %llu\n",
+	       g_sp_saw_window ? "ran during" : "was held until",
+	       g_sp_seen_ms, g_sp_act_ms,
+	       g_sp_after ? "ended after" : "returned before",
+	       g_sp_getppid_ms,
+	       (unsigned long long)st->irq_passes,
+	       (unsigned long long)st->irq_releases,
+	       (unsigned long long)st->irq_next_held,
+	       (unsigned long long)st->gate_waits,
+	       (unsigned long long)st->gate_timeouts);
+	CHECK(g_sp_act_ms >= 0, "the spinner's act failed (%.0f)", g_sp_act_ms);
+	CHECK(!st->gate_timeouts, "gate_timeouts %llu",
+	      (unsigned long long)st->gate_timeouts);
+	CHECK(g_sp_getppid_ms >= 0 && g_sp_getppid_ms < 20,
+	      "the spinner's getppid took %.1f ms", g_sp_getppid_ms);
+	if (!freed)
+		return 0;
+	CHECK(g_sp_saw_window, "the spinner was held at the change's shootdown until the report");
+	/* held there, it was let go only by the 50 ms fuse (irq_releases) */
+	CHECK(g_sp_seen_ms >= 0 && g_sp_seen_ms < 20 && st->irq_passes >= 1 &&
+	      !st->irq_releases,
+	      "the spinner saw the report %.1f ms after it began; irq_passes %llu irq_releases %llu",
+	      g_sp_seen_ms, (unsigned long long)st->irq_passes,
+	      (unsigned long long)st->irq_releases);
+	return 0;
+}
+
+/* its mmap of the freed address waits for the report */
+static int t_sync_spinner_mmap_freed_held(void)
+{
+	struct kreg_nf_sync_stats st;
+	int rc = sp_run(SP_MMAP_FREED, &st);
+
+	if (rc)
+		return rc;
+	CHECK(g_sp_after && st.irq_next_held >= 1,
+	      "the spinner's mmap of the freed address %s the report (irq_next_held %llu)",
+	      g_sp_after ? "ended after" : "returned before",
+	      (unsigned long long)st.irq_next_held);
+	return 0;
+}
+
+/* its mmap elsewhere does not */
+static int t_sync_spinner_mmap_elsewhere(void)
+{
+	struct kreg_nf_sync_stats st;
+	int rc = sp_run(SP_MMAP_ELSEWHERE, &st);
+
+	if (rc)
+		return rc;
+	CHECK(!g_sp_after && g_sp_act_ms < 20,
+	      "the spinner's mmap elsewhere %s the report, after %.1f ms",
+	      g_sp_after ? "ended after" : "returned before", g_sp_act_ms);
+	return 0;
+}
+
+/* the range stays mapped: held at the shootdown, its touch after the ack */
+static int sp_touch_held(enum sp_act act, const char *change)
+{
+	struct kreg_nf_sync_stats st;
+	int rc = sp_run(act, &st);
+
+	if (rc)
+		return rc;
+	CHECK(!g_sp_saw_window && g_sp_after && !st.irq_passes,
+	      "the spinner %s the report after %s, its touch %s the ack; irq_passes %llu",
+	      g_sp_saw_window ? "ran during" : "was held until", change,
+	      g_sp_after ? "ended after" : "returned before",
+	      (unsigned long long)st.irq_passes);
+	return 0;
+}
+
+static int t_sync_spinner_touch_held(void)
+{
+	return sp_touch_held(SP_TOUCH, "an MADV_DONTNEED");
+}
+
+static int t_sync_spinner_touch_dontunmap_held(void)
+{
+	return sp_touch_held(SP_TOUCH_DONTUNMAP, "an mremap with MREMAP_DONTUNMAP");
+}
+
+/*
  * A thread spinning in user space on another CPU is never kicked by a
  * change (the gate is armed without one): its CPU takes no more
  * rescheduling interrupts with synchronous delivery than without it.
@@ -980,17 +1234,25 @@ static int t_sync_spinner_not_kicked(void)
 		struct kreg_nf_sync_stats st;
 
 		CHECK(sy_stats(&st) == 0, "SYNC_STATS");
-		printf("gates %llu waits %llu passes %llu timeouts %llu\n",
+		printf("gates %llu waits %llu passes %llu irq_passes %llu timeouts %llu\n",
 		       (unsigned long long)st.gates,
 		       (unsigned long long)st.gate_waits,
 		       (unsigned long long)st.gate_passes,
+		       (unsigned long long)st.irq_passes,
 		       (unsigned long long)st.gate_timeouts);
 		/*
-		 * Not asserted: the spinner does wait at nearly every change,
-		 * when it comes back from the TLB shootdown the munmap sends
-		 * to its CPU (the kernel's IPI, which it takes with UCM's
-		 * hooks too) while the change is unreported.
+		 * The spinner comes back from the TLB shootdown the munmap
+		 * sends to its CPU (the kernel's IPI, which it takes with
+		 * UCM's hooks too) while the change is unreported: it goes on
+		 * at once where the call hooks are on (the module of aaa88bf
+		 * held it there, a wait at nearly every change), else it
+		 * waits there.
 		 */
+		if (irq_passes_on())
+			CHECK(st.gate_waits <= CHANGES / 10 && st.irq_passes,
+			      "%llu waits, %llu passes at an interrupt for %d changes",
+			      (unsigned long long)st.gate_waits,
+			      (unsigned long long)st.irq_passes, CHANGES);
 	}
 	/*
 	 * A kick a change (the module of a37c080: TWA_RESUME) is a
@@ -1415,6 +1677,8 @@ const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-concurrent-frees-reader", t_sync_concurrent_frees_reader, NULL, NULL },
 	{ "sync-reporter-not-held", t_sync_reporter_not_held, NULL, NULL },
 	{ "sync-irq-lock-holder", t_sync_irq_lock_holder, NULL, NULL },
+	{ "sync-irq-lock-holder-dontneed", t_sync_irq_lock_holder_dontneed,
+	  NULL, NULL },
 	{ "sync-irq-release-next-call-held", t_sync_irq_release_next_call_held,
 	  NULL, NULL },
 	{ "sync-irq-debt-killed", t_sync_irq_debt_killed, NULL, NULL },
@@ -1426,6 +1690,13 @@ const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-born-held", t_sync_born_held, NULL, NULL },
 	{ "sync-sleepers-not-walked", t_sync_sleepers_not_walked, NULL, NULL },
 	{ "sync-spinner-not-kicked", t_sync_spinner_not_kicked, NULL, NULL },
+	{ "sync-spinner-mmap-freed-held", t_sync_spinner_mmap_freed_held,
+	  NULL, NULL },
+	{ "sync-spinner-mmap-elsewhere", t_sync_spinner_mmap_elsewhere,
+	  NULL, NULL },
+	{ "sync-spinner-touch-held", t_sync_spinner_touch_held, NULL, NULL },
+	{ "sync-spinner-touch-dontunmap-held",
+	  t_sync_spinner_touch_dontunmap_held, NULL, NULL },
 	{ "sync-thread-churn", t_sync_thread_churn, NULL, NULL },
 	{ "sync-close-sleeper", t_sync_close_sleeper, NULL, NULL },
 	{ "sync-reader-exit", t_sync_reader_exit, NULL, NULL },

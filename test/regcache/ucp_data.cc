@@ -928,7 +928,7 @@ long print_sync_stats()
     std::printf("SYNC passes=%lu threads=%lu own_changes=%lu drain_waits=%lu "
                 "inflight_full=%lu irq_releases=%lu irq_next_held=%lu "
                 "irq_unwatched=%lu born_held=%lu irq_next_released=%lu "
-                "call_releases=%lu\n",
+                "call_releases=%lu irq_passes=%lu\n",
                 (unsigned long)st.sync.passes,
                 (unsigned long)st.sync.threads, (unsigned long)st.sync.own_changes,
                 (unsigned long)st.sync.drain_waits,
@@ -938,7 +938,8 @@ long print_sync_stats()
                 (unsigned long)st.sync.irq_unwatched,
                 (unsigned long)st.sync.born_held,
                 (unsigned long)st.sync.irq_next_released,
-                (unsigned long)st.sync.call_releases);
+                (unsigned long)st.sync.call_releases,
+                (unsigned long)st.sync.irq_passes);
     return static_cast<long>(st.sync.held_timeouts);
 }
 
