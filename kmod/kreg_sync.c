@@ -178,15 +178,17 @@ static bool kreg_own_unmap(const struct mmu_notifier_range *range)
 }
 
 /*
- * Whether range, current's own change, takes its mapping away: the pages
- * go in MMU_NOTIFY_UNMAP inside munmap, brk, shmdt, an mmap over them, or
- * an mremap that moves or shrinks them (not with MREMAP_DONTUNMAP, which
- * keeps the old range mapped, emptied). Once such a change is queued, no
- * thread can map a page at its addresses but by a call that can return an
- * address (mmap, mremap, brk, shmat), which the call hooks hold
- * (kreg_probes.c): a touch there faults on no VMA. A hugetlb madvise zaps
- * in MMU_NOTIFY_UNMAP too, and the VMA stays: so the call decides, not the
- * event. A 32-bit caller: no.
+ * Whether range, current's own change, takes its mapping away and leaves
+ * no VMA there: the pages go in MMU_NOTIFY_UNMAP inside munmap, brk (which
+ * shrinks), shmdt, or an mremap that moves or shrinks them. Once such a
+ * change is queued, a touch of the range faults on no VMA, and a thread
+ * can map a page there only by a call that can return an address (mmap,
+ * mremap, brk, shmat), which the call hooks hold (kreg_probes.c). Not an
+ * mmap over the range (MAP_FIXED) nor an mremap onto it (MREMAP_FIXED):
+ * a new VMA is there at once, and a touch maps a new page at an address
+ * the report is about; nor MREMAP_DONTUNMAP, which leaves the old range
+ * mapped, empty. A hugetlb madvise zaps in MMU_NOTIFY_UNMAP too, and keeps
+ * its VMA: so the call decides, not the event. A 32-bit caller: no.
  */
 static bool kreg_change_gone(const struct mmu_notifier_range *range)
 {
@@ -198,12 +200,16 @@ static bool kreg_change_gone(const struct mmu_notifier_range *range)
 	switch (syscall_get_nr(current, regs)) {
 	case __NR_munmap:
 	case __NR_brk:
-	case __NR_mmap:
 	case __NR_shmdt:
 		return true;
 	case __NR_mremap:
+		/* addr, old_len, new_len, flags, new_addr */
 		syscall_get_arguments(current, regs, args);
-		return !(args[3] & MREMAP_DONTUNMAP);
+		if (args[3] & MREMAP_DONTUNMAP)
+			return false;
+		/* the target's old pages, replaced by the moved VMA */
+		return !(args[3] & MREMAP_FIXED) ||
+		       range->end <= args[4] || args[4] + args[2] <= range->start;
 	default:
 		return false;
 	}

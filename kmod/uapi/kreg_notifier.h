@@ -183,9 +183,10 @@ struct kreg_nf_event {
  *    reporters need) and a thread that has exec'ed. After 2 ms a waiting gate wakes the
  *    dispatcher. A thread at a return from an interrupt or exception
  *    (its tick, the unmap's own TLB shootdown) goes on at once when every
- *    unreported change took its mapping away (its changing thread's
- *    munmap, brk, shmdt, mmap over it, or mremap without
- *    MREMAP_DONTUNMAP: irq_passes); after any other change it goes on once
+ *    unreported change took its mapping away and left no VMA there (its
+ *    changing thread's munmap, brk, shmdt, or mremap that moved or shrank
+ *    it, not MAP_FIXED or MREMAP_FIXED over it, not MREMAP_DONTUNMAP:
+ *    irq_passes); after any other change it goes on once
  *    a report has waited 50 ms for it (it may hold a user-space lock the
  *    report needs: irq_releases), and so does a thread held at the return
  *    of an mmap or mremap that failed or mapped nothing of an unreported
@@ -353,7 +354,7 @@ struct kreg_nf_sync_stats {
 	/*
 	 * threads at a return from an interrupt or exception let go at once:
 	 * every unreported change had taken its range's mapping away (their
-	 * own munmap, mremap, brk, shmdt or mmap over it), so no touch could
+	 * own munmap, mremap, brk or shmdt, leaving no VMA), so no touch could
 	 * map a page of it, and their next mmap, mremap, brk or shmat is held
 	 * until the report if it maps a page of one (irq_next_held), through
 	 * the module's ftrace hooks on those calls

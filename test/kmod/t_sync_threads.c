@@ -992,9 +992,13 @@ static long res_during_changes(int changes, long *res)
  * and a touch maps a new page there: it is held at the shootdown (a report
  * of 30 ms, inside the 50 ms fuse), and its touch comes after the ack. So
  * after an mremap with MREMAP_DONTUNMAP, which moves the pages and leaves
- * the old range mapped, empty.
+ * the old range mapped, empty, and after an mmap (MAP_FIXED) or an mremap
+ * (MREMAP_FIXED) over the range, which put a new VMA there at once.
  */
-enum sp_act { SP_TOUCH, SP_TOUCH_DONTUNMAP, SP_MMAP_FREED, SP_MMAP_ELSEWHERE };
+enum sp_act {
+	SP_TOUCH, SP_TOUCH_DONTUNMAP, SP_TOUCH_MAP_FIXED, SP_TOUCH_REMAP_ONTO,
+	SP_MMAP_FREED, SP_MMAP_ELSEWHERE
+};
 
 static volatile bool g_sp_go, g_sp_in_report, g_sp_acking;
 static volatile bool g_sp_saw_window, g_sp_after;
@@ -1039,6 +1043,8 @@ static void *sp_spinner(void *a)
 	switch (g_sp_act) {
 	case SP_TOUCH:
 	case SP_TOUCH_DONTUNMAP:
+	case SP_TOUCH_MAP_FIXED:
+	case SP_TOUCH_REMAP_ONTO:
 		g_sp_buf[4096] = 1;
 		break;
 	case SP_MMAP_FREED:
@@ -1068,9 +1074,6 @@ static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 
 	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
 		return skip("one CPU: no thread runs beside the changing one");
-	if (freed && !irq_passes_on())
-		return skip("no call hooks (call_hook %ld): gates hold at interrupts",
-			    sysval("call_hook"));
 	sp_pin_cpu(0);
 	g_sp_go = g_sp_in_report = g_sp_acking = false;
 	g_sp_saw_window = g_sp_after = false;
@@ -1080,6 +1083,10 @@ static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 	rc = pinned_watched(&pa, false);
 	if (rc)
 		return rc;
+	/* after the START: the hooks go on at the first since module load */
+	if (freed && !irq_passes_on())
+		return skip("no call hooks (call_hook %ld): gates hold at interrupts",
+			    sysval("call_hook"));
 	g_sp_buf = pa.p;
 	CHECK(pthread_create(&sp, NULL, sp_spinner, NULL) == 0, "spinner");
 	g_sy.reporting = sp_reporting;
@@ -1104,6 +1111,15 @@ static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 			pthread_join(sp, NULL);
 			return skip("mremap MREMAP_DONTUNMAP: %s", strerror(errno));
 		}
+	} else if (act == SP_TOUCH_MAP_FIXED) {
+		CHECK(mmap(pa.p, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE |
+			   MAP_ANONYMOUS | MAP_FIXED, -1, 0) == pa.p, "MAP_FIXED");
+	} else if (act == SP_TOUCH_REMAP_ONTO) {
+		moved = anon(LEN);
+		CHECK(moved, "a mapping to move");
+		CHECK(mremap(moved, LEN, LEN, MREMAP_MAYMOVE | MREMAP_FIXED,
+			     pa.p) == pa.p, "MREMAP_FIXED");
+		moved = NULL;
 	} else {
 		CHECK(madvise(pa.p, LEN, MADV_DONTNEED) == 0, "madvise");
 	}
@@ -1196,6 +1212,16 @@ static int t_sync_spinner_touch_held(void)
 static int t_sync_spinner_touch_dontunmap_held(void)
 {
 	return sp_touch_held(SP_TOUCH_DONTUNMAP, "an mremap with MREMAP_DONTUNMAP");
+}
+
+static int t_sync_spinner_touch_map_fixed_held(void)
+{
+	return sp_touch_held(SP_TOUCH_MAP_FIXED, "an mmap with MAP_FIXED over it");
+}
+
+static int t_sync_spinner_touch_remap_onto_held(void)
+{
+	return sp_touch_held(SP_TOUCH_REMAP_ONTO, "an mremap with MREMAP_FIXED onto it");
 }
 
 /*
@@ -1697,6 +1723,10 @@ const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-spinner-touch-held", t_sync_spinner_touch_held, NULL, NULL },
 	{ "sync-spinner-touch-dontunmap-held",
 	  t_sync_spinner_touch_dontunmap_held, NULL, NULL },
+	{ "sync-spinner-touch-map-fixed-held",
+	  t_sync_spinner_touch_map_fixed_held, NULL, NULL },
+	{ "sync-spinner-touch-remap-onto-held",
+	  t_sync_spinner_touch_remap_onto_held, NULL, NULL },
 	{ "sync-thread-churn", t_sync_thread_churn, NULL, NULL },
 	{ "sync-close-sleeper", t_sync_close_sleeper, NULL, NULL },
 	{ "sync-reader-exit", t_sync_reader_exit, NULL, NULL },
