@@ -319,17 +319,27 @@ static void kreg_gate_owe(struct kreg_sync *s, struct kreg_gate *g,
 }
 
 /*
- * The call hook (kreg_probes.c) at the entry of an mmap, mremap, brk or
- * shmat of a thread of s's mm: if the thread was let go at an interrupt
- * while a change it waited for is still unreported, its gate holds it at
- * the call's return. An ARMED gate runs there anyway.
+ * The call hook (kreg_probes.c) at the entry of a call that makes a new
+ * mapping (do_mmap, do_brk_flags, mremap, a special mapping) in a thread
+ * of s's mm, while a change is unreported, before the mapping exists:
+ *  - the pass at interrupts ends: a touch of the new mapping, which may lie
+ *    where a change took one away, faults a page in there. Every change
+ *    unreported is no longer gone, and the threads let go owing get their
+ *    gates again, so their next return holds them (sync-spinner-new-map-
+ *    held: without this the spinner ran on for the whole report);
+ *  - if this thread was let go at an interrupt while a change it waited
+ *    for is still unreported, its gate holds it at the call's return. An
+ *    ARMED gate runs there anyway.
  */
-void kreg_gate_owed(struct kreg_sync *s)
+void kreg_gate_call(struct kreg_sync *s)
 {
-	struct kreg_gate *g;
+	struct kreg_gate *g, *o, *tmp;
+	bool gone = false;
 	LIST_HEAD(reap);
+	u32 i;
 
 	spin_lock(&s->lock);
+	/* first: armed below, its gate would not know the call was owed */
 	g = kreg_gate_find(s, current);
 	if (g && g->owed) {
 		if (g->owed > s->done && !s->dead &&
@@ -339,6 +349,23 @@ void kreg_gate_owed(struct kreg_sync *s)
 		}
 		g->owed = 0;
 	}
+	for (i = 0; i < s->q_n; i++) {
+		struct kreg_sync_ent *e =
+			&s->q[(s->q_first + i) % KREG_NF_SYNC_QUEUE];
+
+		gone |= e->gone && e->seq > s->done;
+		e->gone = false;
+	}
+	/*
+	 * Only the threads let go owing: an IDLE gate that is not one ran
+	 * its course (waited for the report, or its own handler is about to
+	 * make it: armed, that thread waited for what only it could do, in
+	 * the system calls its handler makes before its DRAIN)
+	 */
+	if (gone && !s->dead)
+		list_for_each_entry_safe(o, tmp, &s->idle, idle)
+			if (o->owed > s->done)
+				kreg_gate_arm(s, o, &reap);
 	spin_unlock(&s->lock);
 	kreg_gates_reap(&reap);
 }

@@ -273,7 +273,7 @@ void kreg_gates_stop(struct kreg_sync *s, struct list_head *reap);
 void kreg_gates_reap(struct list_head *reap);
 void kreg_gate_exempt(struct kreg_sync *s, struct task_struct *t);
 void kreg_gate_reporting(struct kreg_sync *s, struct task_struct *t, bool on);
-void kreg_gate_owed(struct kreg_sync *s);
+void kreg_gate_call(struct kreg_sync *s);
 void kreg_gate_born(struct kreg_sync *s, struct task_struct *child);
 
 /* kreg_probes.c */

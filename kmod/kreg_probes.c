@@ -3,8 +3,8 @@
  * Probes for what no notifier and no task_work can see: a thread's next
  * system call that can return an address, and a thread's birth.
  *
- * Debts (ftrace, at the entry of the kernel functions behind mmap, mremap,
- * brk and shmat, native and compat): a thread that a gate let go at a
+ * Debts (ftrace, at the entry of the kernel functions that make a new
+ * mapping, kreg_call_fns[]): a thread that a gate let go at a
  * return from an interrupt (kreg_gate.c) has obtained nothing since the
  * change, but its gate is spent, and its next call that can hand it an
  * address (an mmap that returns the address another thread freed) must
@@ -14,7 +14,9 @@
  * a return run task_work is cleared by every return: nothing a module may
  * queue survives the trip to user space. What does run in a chosen
  * thread's next such call is a hook at that call's entry: it arms the
- * thread's gate there, and the gate holds it at the call's return.
+ * thread's gate there, and the gate holds it at the call's return. The
+ * same hook in any thread ends the pass (kreg_sync_call()): once a new
+ * mapping may be made, a touch may fault a page in where a change was.
  *
  * The hooks, not the sys_exit tracepoint (what the module used before):
  * that tracepoint puts every system call of the machine on the slow exit
@@ -23,8 +25,8 @@
  * TCG, where CI runs the module, can crash on (doc/design.md, "qemu and
  * the kernel's text patching"). The hooks go on at the first START and
  * stay on until module exit (one patch per module load); their price is a
- * call and an empty-list check per mmap, mremap, brk and shmat of the
- * machine, and a short list walk in a process whose delivery runs.
+ * call and an empty-list check per new mapping of the machine, and a short
+ * list walk in a process whose delivery runs.
  *
  * Births (sched_process_fork): a thread that clone() makes while a change
  * is unreported was not there to be armed, and its first system call could
@@ -44,16 +46,19 @@
 #include "kreg_priv.h"
 
 /*
- * Where every call that can return an address passes (6.1 to 6.12):
- * ksys_mmap_pgoff() for mmap, mmap_pgoff and ia32's mmap; do_shmat() for
- * shmat and ipc(SHMAT), native and compat; brk and mremap have no inner
- * function common to their entries, so their entries.
+ * Where every new mapping of a process is made (6.1 to 6.12), before it is
+ * made: do_mmap() for mmap, shmat, io_setup's ring, uselib, remap and
+ * every driver's vm_mmap(); do_brk_flags() for brk and vm_brk_flags();
+ * _install_special_mapping() for the vDSO (arch_prctl) and uprobes' page;
+ * mremap, which moves or grows a VMA with none of these, at its entries.
+ * At the syscall entries instead (mmap, shmat, brk), io_setup and uselib
+ * mapped the freed address unheld (found in review).
  */
 static const char *const kreg_call_fns[] = {
-	"ksys_mmap_pgoff", "do_shmat",
-	"__x64_sys_brk", "__x64_sys_mremap",
+	"do_mmap", "do_brk_flags", "_install_special_mapping",
+	"__x64_sys_mremap",
 #ifdef CONFIG_IA32_EMULATION
-	"__ia32_sys_brk", "__ia32_sys_mremap",
+	"__ia32_sys_mremap",
 #endif
 };
 
@@ -66,8 +71,13 @@ static void notrace kreg_call_hook(unsigned long ip, unsigned long parent_ip,
 
 static struct ftrace_ops kreg_call_ops = {
 	.func = kreg_call_hook,
-	/* ftrace keeps the hook from recursing and disables preemption */
-	.flags = FTRACE_OPS_FL_RECURSION,
+	/*
+	 * ftrace keeps the hook from recursing and disables preemption.
+	 * PERMANENT: with kernel.ftrace_enabled = 0 registration fails (else it
+	 * succeeds and patches nothing), and the sysctl cannot turn the hook
+	 * off under a delivery that counts on it.
+	 */
+	.flags = FTRACE_OPS_FL_RECURSION | FTRACE_OPS_FL_PERMANENT,
 };
 
 static bool kreg_call_on;
@@ -156,7 +166,7 @@ void kreg_probes_get(void)
 	if (!kreg_call_on) {
 		ret = kreg_call_hook_register();
 		if (ret)
-			pr_warn_once("no ftrace hook on mmap, mremap, brk, shmat (error %d): threads are held at interrupts\n",
+			pr_warn_once("no ftrace hook on do_mmap, do_brk_flags, mremap (error %d): threads are held at interrupts\n",
 				     ret);
 		else
 			WRITE_ONCE(kreg_call_on, true);

@@ -188,31 +188,50 @@ static bool kreg_own_unmap(const struct mmu_notifier_range *range)
  * a new VMA is there at once, and a touch maps a new page at an address
  * the report is about; nor MREMAP_DONTUNMAP, which leaves the old range
  * mapped, empty. A hugetlb madvise zaps in MMU_NOTIFY_UNMAP too, and keeps
- * its VMA: so the call decides, not the event. A 32-bit caller: no.
+ * its VMA: so the call decides, not the event. The MMU_NOTIFY_CLEAR inside
+ * those calls is the split of a PMD at a VMA boundary made inside its
+ * 2 MiB (6.1 announces one there, huge page or not): every page stays
+ * mapped, so a touch finds the same page, and the part the call unmaps
+ * goes in its MMU_NOTIFY_UNMAP; gone too (held there, a spinner waited
+ * for the 50 ms fuse whenever its neighbour's munmap split one). Not
+ * reclaim's or migration's work in the call (PF_MEMALLOC), nor a range
+ * below a VM_GROWSDOWN stack (a touch grows the stack over it). A 32-bit
+ * caller: no.
  */
 static bool kreg_change_gone(const struct mmu_notifier_range *range)
 {
 	struct pt_regs *regs = task_pt_regs(current);
+	struct vm_area_struct *above;
 	unsigned long args[6];
 
-	if (range->event != MMU_NOTIFY_UNMAP || in_compat_syscall())
+	if ((range->event != MMU_NOTIFY_UNMAP &&
+	     range->event != MMU_NOTIFY_CLEAR) ||
+	    (current->flags & PF_MEMALLOC) || in_compat_syscall())
 		return false;
 	switch (syscall_get_nr(current, regs)) {
 	case __NR_munmap:
 	case __NR_brk:
 	case __NR_shmdt:
-		return true;
+		break;
 	case __NR_mremap:
 		/* addr, old_len, new_len, flags, new_addr */
 		syscall_get_arguments(current, regs, args);
 		if (args[3] & MREMAP_DONTUNMAP)
 			return false;
 		/* the target's old pages, replaced by the moved VMA */
-		return !(args[3] & MREMAP_FIXED) ||
-		       range->end <= args[4] || args[4] + args[2] <= range->start;
+		if ((args[3] & MREMAP_FIXED) && range->end > args[4] &&
+		    args[4] + args[2] > range->start)
+			return false;
+		break;
 	default:
 		return false;
 	}
+	/*
+	 * Nor below a stack that a touch grows down into the range (these
+	 * calls all hold mmap_lock here)
+	 */
+	above = find_vma(range->mm, range->end);
+	return !above || !(above->vm_flags & VM_GROWSDOWN);
 }
 
 static int kreg_sync_range_start(struct mmu_notifier *mn,
@@ -441,6 +460,13 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 	spin_unlock(&s->lock);
 	kreg_gates_reap(&reap);
 
+	/*
+	 * Listed, its probes on, before its notifier can queue a change: a
+	 * gate may let a thread go at an interrupt from the first change on,
+	 * and the call hook must find s for that thread's next mapping.
+	 */
+	kreg_probes_get();
+	list_add_rcu(&s->live, &kreg_syncs);
 	memset(&s->mn, 0, sizeof(s->mn));
 	s->mn.ops = &kreg_sync_ops;
 	/* current->mm == ctx->mm (checked by the caller): mm_users > 0 */
@@ -448,6 +474,10 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 	if (ret) {
 		struct pid *owner;
 
+		list_del_rcu(&s->live);
+		/* the probes' walks are past s before it is freed */
+		synchronize_rcu();
+		INIT_LIST_HEAD(&s->live);
 		spin_lock(&s->lock);
 		s->dead = true;
 		kreg_gates_stop(s, &reap);
@@ -458,9 +488,6 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 		if (s->signo)
 			kreg_signal_release(owner, s->signo, s->handler);
 		put_pid(owner);
-	} else {
-		kreg_probes_get();
-		list_add_rcu(&s->live, &kreg_syncs);
 	}
 out:
 	mutex_unlock(&kreg_syncs_lock);
@@ -521,10 +548,10 @@ void kreg_sync_born(struct task_struct *child)
 }
 
 /*
- * The call hook (kreg_probes.c), at the entry of every mmap, mremap, brk
- * and shmat of the machine, preemption disabled: a thread of a process
- * whose delivery runs, let go at an interrupt while a change it would have
- * waited for is unreported, is held at this call's return.
+ * The call hook (kreg_probes.c), at the entry of every call of the machine
+ * that makes a new mapping, preemption disabled, maybe under mmap_lock
+ * (which the notifier's callbacks nest s->lock in too): in a process whose
+ * delivery runs, with a change unreported, kreg_gate_call().
  */
 void kreg_sync_call(void)
 {
@@ -536,9 +563,12 @@ void kreg_sync_call(void)
 	rcu_read_lock();
 	list_for_each_entry_rcu(s, &kreg_syncs, live)
 		if (s->mm == mm) {
-			/* a debt made by this very thread: seen in order */
-			if (READ_ONCE(s->owed_until) > READ_ONCE(s->done))
-				kreg_gate_owed(s);
+			/*
+			 * mmap_lock orders this look after a change queued
+			 * before (do_mmap and do_brk_flags hold it here)
+			 */
+			if (READ_ONCE(s->seq) > READ_ONCE(s->done))
+				kreg_gate_call(s);
 			break;
 		}
 	rcu_read_unlock();

@@ -5,6 +5,7 @@
  */
 #include "nf_test.h"
 
+#include <linux/aio_abi.h>
 #include <linux/userfaultfd.h>
 #include <sched.h>
 
@@ -17,16 +18,14 @@ struct pinned {
 	size_t len;
 };
 
-/* 0, 77 with the reason, or a failure */
-static int pinned_new(struct pinned *b, size_t len)
+/* len bytes at p pinned (io_uring fixed buffers): 0, 77 with the reason */
+static int pinned_at(struct pinned *b, char *p, size_t len)
 {
 	struct iovec iov;
 	int r;
 
 	b->len = len;
-	b->p = anon(len);
-	if (!b->p)
-		return 1;
+	b->p = p;
 	iov.iov_base = b->p;
 	iov.iov_len = len;
 	r = io_uring_queue_init(2, &b->ring, 0);
@@ -39,6 +38,14 @@ static int pinned_new(struct pinned *b, size_t len)
 			    strerror(-r));
 	}
 	return 0;
+}
+
+/* 0, 77 with the reason, or a failure */
+static int pinned_new(struct pinned *b, size_t len)
+{
+	char *p = anon(len);
+
+	return p ? pinned_at(b, p, len) : 1;
 }
 
 /* sy_start, then a pinned buffer in *b whose report the test waits for */
@@ -997,7 +1004,8 @@ static long res_during_changes(int changes, long *res)
  */
 enum sp_act {
 	SP_TOUCH, SP_TOUCH_DONTUNMAP, SP_TOUCH_MAP_FIXED, SP_TOUCH_REMAP_ONTO,
-	SP_MMAP_FREED, SP_MMAP_ELSEWHERE
+	SP_TOUCH_GROWSDOWN,
+	SP_MMAP_FREED, SP_MMAP_ELSEWHERE, SP_MMAP_SPLIT, SP_IO_SETUP, SP_NEW_MAP
 };
 
 static volatile bool g_sp_go, g_sp_in_report, g_sp_acking;
@@ -1007,12 +1015,27 @@ static volatile double g_sp_report_t0, g_sp_seen_ms;
 static char *volatile g_sp_buf, *volatile g_sp_spare;
 static volatile enum sp_act g_sp_act;
 static volatile int g_sp_report_ms;
+static volatile double g_sp_last, g_sp_map_t, g_sp_gap_ms;
+#define SP_NB	(4 << 20)	/* a neighbour of the buffer */
 
 static void sp_reporting(void)
 {
+	void *p;
+
 	g_sp_report_t0 = now_ns();
 	g_sp_in_report = true;
-	usleep(g_sp_report_ms * 1000);
+	if (g_sp_act == SP_NEW_MAP) {
+		/* a new mapping while the spinner runs, let go */
+		usleep(50000);
+		g_sp_map_t = now_ns();
+		p = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS,
+			 -1, 0);
+		if (p != MAP_FAILED)
+			munmap(p, 4096);
+		usleep((g_sp_report_ms - 50) * 1000);
+	} else {
+		usleep(g_sp_report_ms * 1000);
+	}
 	g_sp_acking = true;	/* just before the ack: a stricter check */
 }
 
@@ -1041,14 +1064,36 @@ static void *sp_spinner(void *a)
 	t0 = now_ns();
 	g_sp_act_ms = 0;
 	switch (g_sp_act) {
+	case SP_NEW_MAP:
+		/* until the ack; its longest stop once the mapping is made */
+		g_sp_last = now_ns();
+		while (!g_sp_acking) {
+			double t = now_ns();
+
+			if (g_sp_map_t && (t - g_sp_last) / 1e6 > g_sp_gap_ms)
+				g_sp_gap_ms = (t - g_sp_last) / 1e6;
+			g_sp_last = t;
+		}
+		break;
+	case SP_IO_SETUP: {
+		aio_context_t ctx = 0;
+
+		if (syscall(SYS_io_setup, 1, &ctx))
+			g_sp_act_ms = -4;
+		else
+			syscall(SYS_io_destroy, ctx);
+		break;
+	}
 	case SP_TOUCH:
 	case SP_TOUCH_DONTUNMAP:
 	case SP_TOUCH_MAP_FIXED:
 	case SP_TOUCH_REMAP_ONTO:
+	case SP_TOUCH_GROWSDOWN:
 		g_sp_buf[4096] = 1;
 		break;
 	case SP_MMAP_FREED:
 	case SP_MMAP_ELSEWHERE:
+	case SP_MMAP_SPLIT:
 		p = g_sp_act == SP_MMAP_FREED ? g_sp_buf : g_sp_spare;
 		if (mmap(p, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS |
 			 MAP_FIXED_NOREPLACE, -1, 0) != p)
@@ -1066,7 +1111,10 @@ static void *sp_spinner(void *a)
 
 static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 {
-	bool freed = act == SP_MMAP_FREED || act == SP_MMAP_ELSEWHERE;
+	bool freed = act == SP_MMAP_FREED || act == SP_MMAP_ELSEWHERE ||
+		     act == SP_MMAP_SPLIT || act == SP_IO_SETUP ||
+		     act == SP_NEW_MAP;
+	char *big = NULL;
 	struct pinned pa;
 	void *moved = NULL;
 	pthread_t sp;
@@ -1080,7 +1128,58 @@ static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 	g_sp_act_ms = g_sp_getppid_ms = g_sp_seen_ms = -1;
 	g_sp_act = act;
 	g_sp_report_ms = freed ? 200 : 30;
-	rc = pinned_watched(&pa, false);
+	g_sp_last = g_sp_map_t = g_sp_gap_ms = 0;
+	if (act == SP_MMAP_SPLIT) {
+		/*
+		 * The buffer inside a mapping of 4 MiB on each side: one VMA,
+		 * which the munmap splits, and where the 2 MiB around a new
+		 * boundary lie inside the VMA 6.1 splits their PMD first,
+		 * huge or not (MMU_NOTIFY_CLEAR, every page kept;
+		 * split_huge_pmd_if_needed())
+		 */
+		CHECK(sy_start(SY_SIGNO, 5000, false) == 0, "SYNC_START");
+		/*
+		 * Small pages: a huge one's split is acknowledged empty at
+		 * its end (sync-split-keeps-neighbours); a page table's is
+		 * announced all the same and stays a change
+		 */
+		big = mmap(NULL, 2 * SP_NB + LEN, PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		CHECK(big != MAP_FAILED &&
+		      madvise(big, 2 * SP_NB + LEN, MADV_NOHUGEPAGE) == 0,
+		      "a mapping around the buffer");
+		/* backwards: no run of pfns in turn, as a huge page split
+		 * leaves, which the module would take for a split kept */
+		for (long off = 2 * SP_NB + LEN - 4096; off >= 0; off -= 4096)
+			big[off] = 0x5a;
+		rc = pinned_at(&pa, big + SP_NB, LEN);
+		g_sy.want_start = (uintptr_t)pa.p;
+		g_sy.want_end = (uintptr_t)pa.p + LEN;
+	} else if (act == SP_TOUCH_GROWSDOWN) {
+		/*
+		 * the buffer just below a stack that grows down, with 4 MiB
+		 * reserved below it (PROT_NONE: nothing is placed there, and
+		 * the kernel keeps its stack_guard_gap from accessible
+		 * mappings only)
+		 */
+		CHECK(sy_start(SY_SIGNO, 5000, false) == 0, "SYNC_START");
+		big = mmap(NULL, SP_NB + 2 * LEN, PROT_NONE,
+			   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		CHECK(big != MAP_FAILED, "a place");
+		CHECK(mmap(big + SP_NB, LEN, PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+		      big + SP_NB &&
+		      mmap(big + SP_NB + LEN, LEN, PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+			   MAP_GROWSDOWN, -1, 0) == big + SP_NB + LEN,
+		      "a buffer below a MAP_GROWSDOWN mapping");
+		memset(big + SP_NB, 0x5a, LEN);
+		rc = pinned_at(&pa, big + SP_NB, LEN);
+		g_sy.want_start = (uintptr_t)pa.p;
+		g_sy.want_end = (uintptr_t)pa.p + LEN;
+	} else {
+		rc = pinned_watched(&pa, false);
+	}
 	if (rc)
 		return rc;
 	/* after the START: the hooks go on at the first since module load */
@@ -1111,6 +1210,8 @@ static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 			pthread_join(sp, NULL);
 			return skip("mremap MREMAP_DONTUNMAP: %s", strerror(errno));
 		}
+	} else if (act == SP_TOUCH_GROWSDOWN) {
+		CHECK(munmap(pa.p, LEN) == 0, "munmap");
 	} else if (act == SP_TOUCH_MAP_FIXED) {
 		CHECK(mmap(pa.p, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE |
 			   MAP_ANONYMOUS | MAP_FIXED, -1, 0) == pa.p, "MAP_FIXED");
@@ -1131,12 +1232,18 @@ static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 		munmap(pa.p, LEN);
 	if (moved)
 		munmap(moved, LEN);
+	if (big && act == SP_TOUCH_GROWSDOWN) {
+		munmap(big, SP_NB + 2 * LEN);
+	} else if (big) {
+		munmap(big, SP_NB);
+		munmap(big + SP_NB + LEN, SP_NB);
+	}
 	CHECK(sy_stats(st) == 0, "SYNC_STATS");
-	printf("the spinner %s the report, %.1f ms after it began; its act took %.1f ms, %s the ack; getppid %.1f ms; irq_passes %llu irq_releases %llu irq_next_held %llu gate_waits %llu gate_timeouts %llu\n",
+	printf("the spinner %s the report, %.1f ms after it began; its act took %.1f ms, %s the ack; getppid %.1f ms; queued %llu irq_passes %llu irq_releases %llu irq_next_held %llu gate_waits %llu gate_timeouts %llu\n",
 	       g_sp_saw_window ? "ran during" : "was held until",
 	       g_sp_seen_ms, g_sp_act_ms,
 	       g_sp_after ? "ended after" : "returned before",
-	       g_sp_getppid_ms,
+	       g_sp_getppid_ms, (unsigned long long)st->queued,
 	       (unsigned long long)st->irq_passes,
 	       (unsigned long long)st->irq_releases,
 	       (unsigned long long)st->irq_next_held,
@@ -1152,7 +1259,7 @@ static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 	CHECK(g_sp_saw_window, "the spinner was held at the change's shootdown until the report");
 	/* held there, it was let go only by the 50 ms fuse (irq_releases) */
 	CHECK(g_sp_seen_ms >= 0 && g_sp_seen_ms < 20 && st->irq_passes >= 1 &&
-	      !st->irq_releases,
+	      (!st->irq_releases || act == SP_NEW_MAP),
 	      "the spinner saw the report %.1f ms after it began; irq_passes %llu irq_releases %llu",
 	      g_sp_seen_ms, (unsigned long long)st->irq_passes,
 	      (unsigned long long)st->irq_releases);
@@ -1174,17 +1281,74 @@ static int t_sync_spinner_mmap_freed_held(void)
 	return 0;
 }
 
-/* its mmap elsewhere does not */
-static int t_sync_spinner_mmap_elsewhere(void)
+/*
+ * its mmap elsewhere does not; nor does a munmap that splits the buffer's
+ * VMA (the module of 2413a28 held the spinner there for the fuse, 50 ms,
+ * whenever a neighbour had merged into the buffer's VMA: a flake in CI's
+ * rehearsal of it)
+ */
+static int spinner_mmap_elsewhere(enum sp_act act)
 {
 	struct kreg_nf_sync_stats st;
-	int rc = sp_run(SP_MMAP_ELSEWHERE, &st);
+	int rc = sp_run(act, &st);
 
 	if (rc)
 		return rc;
 	CHECK(!g_sp_after && g_sp_act_ms < 20,
 	      "the spinner's mmap elsewhere %s the report, after %.1f ms",
 	      g_sp_after ? "ended after" : "returned before", g_sp_act_ms);
+	return 0;
+}
+
+static int t_sync_spinner_mmap_elsewhere(void)
+{
+	return spinner_mmap_elsewhere(SP_MMAP_ELSEWHERE);
+}
+
+static int t_sync_spinner_munmap_split(void)
+{
+	return spinner_mmap_elsewhere(SP_MMAP_SPLIT);
+}
+
+/*
+ * io_setup maps its ring with do_mmap() and returns its address: held
+ * (the module of 2413a28 hooked the system calls mmap, mremap, brk and
+ * shmat, and let io_setup return before the report)
+ */
+static int t_sync_spinner_io_setup_held(void)
+{
+	struct kreg_nf_sync_stats st;
+	int rc = sp_run(SP_IO_SETUP, &st);
+
+	if (rc)
+		return rc;
+	CHECK(g_sp_after && st.irq_next_held >= 1,
+	      "the spinner's io_setup %s the report (irq_next_held %llu)",
+	      g_sp_after ? "ended after" : "returned before",
+	      (unsigned long long)st.irq_next_held);
+	return 0;
+}
+
+/*
+ * Once another thread makes a new mapping (the reporter's mmap, 50 ms into
+ * a report of 200), the spinner let go at the shootdown is held again at
+ * its next return (its tick): the new mapping may lie where the change
+ * was, and a touch there would fault a page in at an address the report
+ * is about. It stops for the 50 ms fuse, at least 30 ms; without the
+ * module's end of the pass it ran on to the ack.
+ */
+static int t_sync_spinner_new_map_held(void)
+{
+	struct kreg_nf_sync_stats st;
+	int rc = sp_run(SP_NEW_MAP, &st);
+
+	if (rc)
+		return rc;
+	printf("after the new mapping the spinner stopped for %.1f ms at most\n",
+	       g_sp_gap_ms);
+	CHECK(g_sp_map_t > 0 && g_sp_gap_ms >= 30,
+	      "the spinner ran on after another thread's new mapping (longest stop %.1f ms)",
+	      g_sp_gap_ms);
 	return 0;
 }
 
@@ -1222,6 +1386,12 @@ static int t_sync_spinner_touch_map_fixed_held(void)
 static int t_sync_spinner_touch_remap_onto_held(void)
 {
 	return sp_touch_held(SP_TOUCH_REMAP_ONTO, "an mremap with MREMAP_FIXED onto it");
+}
+
+/* a munmap below a MAP_GROWSDOWN mapping: a touch grows the stack there */
+static int t_sync_spinner_touch_growsdown_held(void)
+{
+	return sp_touch_held(SP_TOUCH_GROWSDOWN, "a munmap below a stack that grows down");
 }
 
 /*
@@ -1720,6 +1890,10 @@ const struct nf_test nf_tests_sync_threads[] = {
 	  NULL, NULL },
 	{ "sync-spinner-mmap-elsewhere", t_sync_spinner_mmap_elsewhere,
 	  NULL, NULL },
+	{ "sync-spinner-munmap-split", t_sync_spinner_munmap_split, NULL, NULL },
+	{ "sync-spinner-io-setup-held", t_sync_spinner_io_setup_held, NULL,
+	  NULL },
+	{ "sync-spinner-new-map-held", t_sync_spinner_new_map_held, NULL, NULL },
 	{ "sync-spinner-touch-held", t_sync_spinner_touch_held, NULL, NULL },
 	{ "sync-spinner-touch-dontunmap-held",
 	  t_sync_spinner_touch_dontunmap_held, NULL, NULL },
@@ -1727,6 +1901,8 @@ const struct nf_test nf_tests_sync_threads[] = {
 	  t_sync_spinner_touch_map_fixed_held, NULL, NULL },
 	{ "sync-spinner-touch-remap-onto-held",
 	  t_sync_spinner_touch_remap_onto_held, NULL, NULL },
+	{ "sync-spinner-touch-growsdown-held",
+	  t_sync_spinner_touch_growsdown_held, NULL, NULL },
 	{ "sync-thread-churn", t_sync_thread_churn, NULL, NULL },
 	{ "sync-close-sleeper", t_sync_close_sleeper, NULL, NULL },
 	{ "sync-reader-exit", t_sync_reader_exit, NULL, NULL },
