@@ -192,12 +192,14 @@ struct kreg_nf_event {
  *    of an mmap or mremap that failed or mapped nothing of an unreported
  *    change (call_releases: such a lock holder obtained nothing stale; one
  *    that mapped a freed address is held, it is the race). Its next
- *    system call that can return an address (mmap, mremap, brk, shmat) is
- *    then held at its end (irq_next_held, through the module's ftrace
- *    hooks on those calls, on from the first SYNC_START to module exit)
- *    if it maps a page of an unreported change (brk and shmat: always),
- *    250 ms at most, for it may be made inside that lock
- *    (irq_next_released: a window, and the thread owes its next one). A
+ *    system call that makes a mapping is then held at its end
+ *    (irq_next_held, through the module's ftrace hooks where mappings are
+ *    made, do_mmap, do_brk_flags and mremap, on from the first SYNC_START
+ *    to module exit) if it maps a page of an unreported change (any call
+ *    but mmap and mremap: always), 250 ms at most, for it may be made
+ *    inside that lock (irq_next_released: a window, and the thread owes
+ *    its next one); a new mapping by any thread ends the passes until the
+ *    report (the threads let go are armed again). A
  *    thread that clone() makes while a change is unreported is held at its
  *    first return (born_held, a probe on sched_process_fork from the first
  *    delivery started until module exit). The module interrupts no thread in user space (but the
