@@ -476,7 +476,7 @@ static bool kreg_gate_changes_gone(struct kreg_sync *s, u64 target)
 }
 
 /*
- * At the return from an mmap or mremap: the call handed the thread no page
+ * At the return from an mmap, mremap or brk: the call handed the thread no page
  * of a change still unreported (it failed, or what it mapped lies outside
  * every such change; lock held). Such a thread obtained nothing stale,
  * and may be inside a user-space lock that the report needs: UCX 1.13's
@@ -489,13 +489,26 @@ static bool kreg_gate_call_clean(struct kreg_sync *s)
 {
 	struct pt_regs *regs = task_pt_regs(current);
 	long nr = syscall_get_nr(current, regs);
-	unsigned long args[6];
+	unsigned long args[6], heap;
 	long ret;
 
-	if ((nr != __NR_mmap && nr != __NR_mremap) || in_compat_syscall() ||
-	    instruction_pointer(regs) == s->handler)
+	if ((nr != __NR_mmap && nr != __NR_mremap && nr != __NR_brk) ||
+	    in_compat_syscall() || instruction_pointer(regs) == s->handler)
 		return false;
 	ret = syscall_get_return_value(current, regs);
+	/*
+	 * brk returns the break, not what it mapped: the heap as a whole,
+	 * to the higher of that and the break now (another thread's brk may
+	 * have moved it since), holds no page of a change (glibc's malloc
+	 * calls brk under its arena lock, which a report may need)
+	 */
+	if (nr == __NR_brk) {
+		heap = current->mm->start_brk;
+		return kreg_gate_range_clean(s, heap,
+					     max_t(unsigned long, ret,
+						   READ_ONCE(current->mm->brk)) -
+					     heap);
+	}
 	if (IS_ERR_VALUE(ret))
 		return true;
 	syscall_get_arguments(current, regs, args);

@@ -1005,7 +1005,8 @@ static long res_during_changes(int changes, long *res)
 enum sp_act {
 	SP_TOUCH, SP_TOUCH_DONTUNMAP, SP_TOUCH_MAP_FIXED, SP_TOUCH_REMAP_ONTO,
 	SP_TOUCH_GROWSDOWN,
-	SP_MMAP_FREED, SP_MMAP_ELSEWHERE, SP_MMAP_SPLIT, SP_IO_SETUP, SP_NEW_MAP
+	SP_MMAP_FREED, SP_MMAP_ELSEWHERE, SP_MMAP_SPLIT, SP_IO_SETUP, SP_NEW_MAP,
+	SP_BRK_FREED, SP_BRK_ELSEWHERE
 };
 
 static volatile bool g_sp_go, g_sp_in_report, g_sp_acking;
@@ -1075,6 +1076,12 @@ static void *sp_spinner(void *a)
 			g_sp_last = t;
 		}
 		break;
+	case SP_BRK_FREED:
+	case SP_BRK_ELSEWHERE:
+		/* the heap back over the freed buffer, or a new page of it */
+		if (sbrk(g_sp_act == SP_BRK_FREED ? LEN : 4096) == (void *)-1)
+			g_sp_act_ms = -5;
+		break;
 	case SP_IO_SETUP: {
 		aio_context_t ctx = 0;
 
@@ -1113,7 +1120,8 @@ static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 {
 	bool freed = act == SP_MMAP_FREED || act == SP_MMAP_ELSEWHERE ||
 		     act == SP_MMAP_SPLIT || act == SP_IO_SETUP ||
-		     act == SP_NEW_MAP;
+		     act == SP_NEW_MAP || act == SP_BRK_FREED ||
+		     act == SP_BRK_ELSEWHERE;
 	char *big = NULL;
 	struct pinned pa;
 	void *moved = NULL;
@@ -1155,6 +1163,19 @@ static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 		rc = pinned_at(&pa, big + SP_NB, LEN);
 		g_sy.want_start = (uintptr_t)pa.p;
 		g_sy.want_end = (uintptr_t)pa.p + LEN;
+	} else if (act == SP_BRK_FREED) {
+		/* the buffer at the top of the heap, given back by brk */
+		char *top = sbrk(0);
+
+		CHECK(sy_start(SY_SIGNO, 5000, false) == 0, "SYNC_START");
+		CHECK(sbrk((4096 - (uintptr_t)top % 4096) % 4096) != (void *)-1,
+		      "sbrk to a page");
+		top = sbrk(LEN);
+		CHECK(top != (void *)-1, "sbrk");
+		memset(top, 0x5a, LEN);
+		rc = pinned_at(&pa, top, LEN);
+		g_sy.want_start = (uintptr_t)pa.p;
+		g_sy.want_end = (uintptr_t)pa.p + LEN;
 	} else if (act == SP_TOUCH_GROWSDOWN) {
 		/*
 		 * the buffer just below a stack that grows down, with 4 MiB
@@ -1194,7 +1215,16 @@ static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 	g_sp_spare = anon(4096);
 	CHECK(g_sp_spare && munmap(g_sp_spare, 4096) == 0, "a spare page");
 	g_sp_go = true;
-	if (freed) {
+	if (act == SP_BRK_FREED) {
+		/* malloc may have moved the break meanwhile: then not ours */
+		if (sbrk(0) != pa.p + LEN) {
+			g_sp_act = SP_BRK_ELSEWHERE;
+			g_sp_in_report = true;
+			pthread_join(sp, NULL);
+			return skip("the break moved past the buffer (malloc)");
+		}
+		CHECK(sbrk(-LEN) != (void *)-1, "sbrk back");
+	} else if (freed) {
 		CHECK(munmap(pa.p, LEN) == 0, "munmap");
 	} else if (act == SP_TOUCH_DONTUNMAP) {
 		/* a free place to move to: the kernel reads a new address */
@@ -1308,6 +1338,28 @@ static int t_sync_spinner_mmap_elsewhere(void)
 static int t_sync_spinner_munmap_split(void)
 {
 	return spinner_mmap_elsewhere(SP_MMAP_SPLIT);
+}
+
+/* a brk whose heap holds nothing of the change goes on (glibc's malloc
+ * calls it under its arena lock) */
+static int t_sync_spinner_brk_elsewhere(void)
+{
+	return spinner_mmap_elsewhere(SP_BRK_ELSEWHERE);
+}
+
+/* a brk that maps the heap back over a buffer brk gave back: held */
+static int t_sync_spinner_brk_freed_held(void)
+{
+	struct kreg_nf_sync_stats st;
+	int rc = sp_run(SP_BRK_FREED, &st);
+
+	if (rc)
+		return rc;
+	CHECK(g_sp_after && st.irq_next_held >= 1,
+	      "the spinner's brk over the freed buffer %s the report (irq_next_held %llu)",
+	      g_sp_after ? "ended after" : "returned before",
+	      (unsigned long long)st.irq_next_held);
+	return 0;
 }
 
 /*
@@ -1891,6 +1943,10 @@ const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-spinner-mmap-elsewhere", t_sync_spinner_mmap_elsewhere,
 	  NULL, NULL },
 	{ "sync-spinner-munmap-split", t_sync_spinner_munmap_split, NULL, NULL },
+	{ "sync-spinner-brk-elsewhere", t_sync_spinner_brk_elsewhere, NULL,
+	  NULL },
+	{ "sync-spinner-brk-freed-held", t_sync_spinner_brk_freed_held, NULL,
+	  NULL },
 	{ "sync-spinner-io-setup-held", t_sync_spinner_io_setup_held, NULL,
 	  NULL },
 	{ "sync-spinner-new-map-held", t_sync_spinner_new_map_held, NULL, NULL },
