@@ -195,8 +195,9 @@ struct kreg_nf_event {
  *    system call that makes a mapping is then held at its end
  *    (irq_next_held, through the module's ftrace hooks where mappings are
  *    made, do_mmap, do_brk_flags and mremap, on from the first SYNC_START
- *    to module exit) if it maps a page of an unreported change (any call
- *    but mmap and mremap: always), 250 ms at most, for it may be made
+ *    to module exit) if it maps a page of an unreported change (brk: one
+ *    in the heap; any call but mmap, mremap and brk: always), 250 ms at
+ *    most, for it may be made
  *    inside that lock (irq_next_released: a window, and the thread owes
  *    its next one); a new mapping by any thread ends the passes until the
  *    report (the threads let go are armed again). A
