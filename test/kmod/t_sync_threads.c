@@ -1296,19 +1296,25 @@ static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 	return 0;
 }
 
-/* its mmap of the freed address waits for the report */
-static int t_sync_spinner_mmap_freed_held(void)
+/* the spinner's act (a call that makes a mapping) waits for the report */
+static int sp_call_held(enum sp_act act, const char *what)
 {
 	struct kreg_nf_sync_stats st;
-	int rc = sp_run(SP_MMAP_FREED, &st);
+	int rc = sp_run(act, &st);
 
 	if (rc)
 		return rc;
 	CHECK(g_sp_after && st.irq_next_held >= 1,
-	      "the spinner's mmap of the freed address %s the report (irq_next_held %llu)",
+	      "the spinner's %s %s the report (irq_next_held %llu)", what,
 	      g_sp_after ? "ended after" : "returned before",
 	      (unsigned long long)st.irq_next_held);
 	return 0;
+}
+
+/* its mmap of the freed address */
+static int t_sync_spinner_mmap_freed_held(void)
+{
+	return sp_call_held(SP_MMAP_FREED, "mmap of the freed address");
 }
 
 /*
@@ -1350,16 +1356,7 @@ static int t_sync_spinner_brk_elsewhere(void)
 /* a brk that maps the heap back over a buffer brk gave back: held */
 static int t_sync_spinner_brk_freed_held(void)
 {
-	struct kreg_nf_sync_stats st;
-	int rc = sp_run(SP_BRK_FREED, &st);
-
-	if (rc)
-		return rc;
-	CHECK(g_sp_after && st.irq_next_held >= 1,
-	      "the spinner's brk over the freed buffer %s the report (irq_next_held %llu)",
-	      g_sp_after ? "ended after" : "returned before",
-	      (unsigned long long)st.irq_next_held);
-	return 0;
+	return sp_call_held(SP_BRK_FREED, "brk over the freed buffer");
 }
 
 /*
@@ -1369,16 +1366,7 @@ static int t_sync_spinner_brk_freed_held(void)
  */
 static int t_sync_spinner_io_setup_held(void)
 {
-	struct kreg_nf_sync_stats st;
-	int rc = sp_run(SP_IO_SETUP, &st);
-
-	if (rc)
-		return rc;
-	CHECK(g_sp_after && st.irq_next_held >= 1,
-	      "the spinner's io_setup %s the report (irq_next_held %llu)",
-	      g_sp_after ? "ended after" : "returned before",
-	      (unsigned long long)st.irq_next_held);
-	return 0;
+	return sp_call_held(SP_IO_SETUP, "io_setup");
 }
 
 /*
