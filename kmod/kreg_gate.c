@@ -49,11 +49,11 @@
 /* a gate's first wait before it also asks the reader */
 #define KREG_GATE_NUDGE_MS	2
 /*
- * How long a thread held at a return from an interrupt may block a report
- * before it goes on (its next call that returns an address is then held:
- * kreg_probes.c, whose probe costs the machine's system calls while on). 10 ms put the
- * probe on under TCG in 5 of 16 runs of test_rcache's six threads while
- * the report was merely slow.
+ * How long a thread held at a return from an interrupt (after a change
+ * that is not gone) may block a report before it goes on (its next call
+ * that makes a mapping is then held: kreg_probes.c). 10 ms let threads go
+ * under TCG in 5 of 16 runs of test_rcache's six threads while the report
+ * was merely slow.
  */
 #define KREG_GATE_IRQ_FUSE_MS	50
 /*
@@ -558,8 +558,8 @@ enum kreg_gate_end { KREG_GATE_REPORTED, KREG_GATE_TIMED_OUT, KREG_GATE_LET_GO }
  * thread held at the return of an mmap or mremap that mapped nothing of an
  * unreported change (kreg_gate_call_clean(), counted: call_releases). Its gate
  * is spent for this change, so it owes its next call that can return an
- * address (mmap, mremap, brk, shmat): the caller has kreg_probes.c hold
- * that at its end. That hold has a fuse too
+ * address (a call that makes a mapping): the call hooks (kreg_probes.c)
+ * hold that at its end. That hold has a fuse too
  * (KREG_GATE_OWED_FUSE_MS): the call may be made inside the very lock (UCP
  * with 8 threads had 3 gates time out at once without it). A call let go
  * there returned before the report (irq_next_released, a window), and the
