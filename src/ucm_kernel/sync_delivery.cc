@@ -200,7 +200,10 @@ void sync_stop()
 void sync_attach_dispatcher()
 {
     const int fd = g_fd.load();
-    if ((fd >= 0) && (ioctl(fd, KREG_NF_IOC_SYNC_DISPATCHER) != 0)) {
+    /* ENOENT: sync_stop() ran before this thread got here (a stop right
+     * after the start); the descriptor stays open until it is joined */
+    if ((fd >= 0) && (ioctl(fd, KREG_NF_IOC_SYNC_DISPATCHER) != 0) &&
+        (errno != ENOENT)) {
         ucs_warn("kreg: KREG_NF_IOC_SYNC_DISPATCHER failed: %m");
     }
 }
