@@ -29,7 +29,11 @@ suite_run() {
             echo "SKIP $name: $(grep -h 'skip:' "$suite_outdir/$name.txt" | tail -1 | sed 's/.*skip: *//')" ;;
         *)  suite_fail=$((suite_fail + 1))
             echo "FAIL $name (status $rc after $((SECONDS - t0)) s)"
-            tail -n 20 "$suite_outdir/$name.txt" | sed 's/^/    | /' ;;
+            # what a crash's backtrace hides: the test that ran, and the
+            # warnings before it (a log's tail is all CI shows of a guest)
+            grep -E '^\[ RUN|WARN|ERROR|held for' "$suite_outdir/$name.txt" |
+                tail -n 8 | sed 's/^/    : /'
+            tail -n 40 "$suite_outdir/$name.txt" | sed 's/^/    | /' ;;
     esac
     grep -hE "${suite_show:-^result: }" "$suite_outdir/$name.txt" |
         sed 's/^result: //; s/^/    /'
