@@ -90,6 +90,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -399,17 +400,25 @@ enum remap_mode { REMAP_SAME, REMAP_OTHER, REMAP_RACE, REMAP_LAST };
 const char *const remap_mode_names[] = {"same", "other", "race"};
 
 /* REMAP_RACE: 1 once this thread has mapped buf again after *unmapper
- * unmapped it; 0 if the address went elsewhere. */
+ * unmapped it; 0 if the address went elsewhere (another mapping took the
+ * hole: UCX 1.13's rcache maps its memory pool's chunks with mmap, in the
+ * unmap callback the unmapper's handler runs). */
 int race_remap(void *buf, size_t len, std::thread *unmapper)
 {
-    std::atomic<bool> go{false};
-    *unmapper = std::thread([&go, buf, len] {
-        while (!go.load()) {
+    /* shared: the unmapper may look at it after this frame is gone */
+    struct flags {
+        std::atomic<bool> go{false}, done{false};
+    };
+    auto f     = std::make_shared<flags>();
+    *unmapper  = std::thread([f, buf, len] {
+        while (!f->go.load()) {
         }
         raw_munmap(buf, len);
+        f->done = true;
     });
-    go = true;
-    for (long spin = 0; spin < 100000000L; ++spin) {
+    f->go = true;
+    /* a look that fails after the unmapper is done never succeeds */
+    for (bool was_done = false;; was_done = f->done.load()) {
         long r = syscall(SYS_mmap, buf, len, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0L);
         if (r == reinterpret_cast<long>(buf)) {
@@ -419,11 +428,10 @@ int race_remap(void *buf, size_t len, std::thread *unmapper)
             syscall(SYS_munmap, reinterpret_cast<void*>(r), len);
             return 0;
         }
-        if (errno != EEXIST) {
+        if ((errno != EEXIST) || was_done) {
             return 0;
         }
     }
-    return 0;
 }
 
 remap_result remap_rounds(peers &p, int rounds, remap_mode mode)
