@@ -211,6 +211,7 @@ char *sy_buffer(bool pinned, int *rc)
 		*rc = pin(p, LEN);
 	g_sy.want_start = (uintptr_t)p;
 	g_sy.want_end = (uintptr_t)p + LEN;
+	g_sy.unmapped = false;
 	return p;
 }
 
@@ -226,5 +227,35 @@ int sy_setup(int signo, uint32_t timeout_ms, bool dispatcher, char **p)
 
 void *sy_unmapper(void *p)
 {
-	return (void *)(intptr_t)munmap(p, LEN);
+	intptr_t r = munmap(p, LEN);
+
+	g_sy.unmapped = true;
+	return (void *)r;
+}
+
+/*
+ * Maps LEN bytes at p again (MAP_FIXED_NOREPLACE) once sy_unmapper has
+ * freed them; p, or MAP_FAILED when a try fails after the unmapper was
+ * done: another mapping took the hole, and this never succeeds (it spun
+ * until the runner's alarm). *tries: the failed tries.
+ */
+char *sy_map_freed(char *p, int *tries)
+{
+	bool was_done = false;
+	char *q;
+
+	for (;;) {
+		q = mmap(p, LEN, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+		if (q == p)
+			return q;
+		if (q != MAP_FAILED) {
+			munmap(q, LEN);	/* a kernel that ignores the flag */
+			return MAP_FAILED;
+		}
+		if (errno != EEXIST || was_done)
+			return MAP_FAILED;
+		was_done = g_sy.unmapped;
+		(*tries)++;
+	}
 }

@@ -146,6 +146,7 @@ struct sy_state {
 	volatile int handler_runs;
 	int delay_ms;			/* the handler sleeps first */
 	int disp_delay_ms;		/* the dispatcher sleeps first */
+	volatile bool unmapped;		/* sy_unmapper's munmap returned */
 	bool close_in_handler;		/* the handler closes fd instead */
 	bool exit_in_handler;		/* the handler ends the process */
 	char *inner;			/* the handler unmaps it (reentry) */
@@ -174,6 +175,7 @@ int pin(char *p, size_t len);
 char *sy_buffer(bool pinned, int *rc);
 int sy_setup(int signo, uint32_t timeout_ms, bool dispatcher, char **p);
 void *sy_unmapper(void *p);
+char *sy_map_freed(char *p, int *tries);
 
 /* nf_bench.c */
 int bench(void);

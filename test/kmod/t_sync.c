@@ -107,14 +107,9 @@ static int t_sync_other_thread_held(void)
 		return rc;
 	g_sy.delay_ms = 100;
 	CHECK(pthread_create(&b, NULL, sy_unmapper, p) == 0, "pthread_create");
-	for (;;) {
-		q = mmap(p, LEN, PROT_READ | PROT_WRITE,
-			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-		if (q == p)
-			break;
-		CHECK(q == MAP_FAILED && errno == EEXIST, "mmap NOREPLACE");
-		tries++;
-	}
+	q = sy_map_freed(p, &tries);
+	CHECK(q == p, "the freed address could not be mapped again (%d tries): taken by another mapping?",
+	      tries);
 	CHECK(g_sy.reported, "this thread mapped the freed address before the unmapping thread's report (after %d tries)",
 	      tries);
 	pthread_join(b, NULL);
@@ -686,7 +681,7 @@ static int t_sync_close_lets_go(void)
 	long c0 = sysval("contexts"), r0 = sysval("ranges"), c, r;
 	double t0;
 	pthread_t b;
-	int rc;
+	int rc, tries = 0;
 	char *p, *q;
 
 	rc = sy_setup(SY_SIGNO, 20000, false, &p);
@@ -696,11 +691,9 @@ static int t_sync_close_lets_go(void)
 	g_sy.close_in_handler = true;
 	t0 = now_ns();
 	CHECK(pthread_create(&b, NULL, sy_unmapper, p) == 0, "pthread_create");
-	do {
-		q = mmap(p, LEN, PROT_READ | PROT_WRITE,
-			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-	} while (q == MAP_FAILED && errno == EEXIST);
-	CHECK(q == p, "mmap NOREPLACE");
+	q = sy_map_freed(p, &tries);
+	CHECK(q == p, "the freed address could not be mapped again (%d tries): taken by another mapping?",
+	      tries);
 	CHECK((now_ns() - t0) / 1e6 < 5000, "held %.0f ms after the close",
 	      (now_ns() - t0) / 1e6);
 	pthread_join(b, NULL);

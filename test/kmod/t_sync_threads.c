@@ -631,10 +631,15 @@ static void *cl_holder(void *a)
 		;
 	t0 = now_ns();
 	if (g_cl_at_freed) {
+		/*
+		 * bounded: a hole another mapping took never frees, and the
+		 * reporter waits for this lock (the gate holds 1 s at most)
+		 */
 		do
 			p = mmap(g_cl_freed, 4096, PROT_READ, MAP_PRIVATE |
 				 MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-		while (p == MAP_FAILED && errno == EEXIST);
+		while (p == MAP_FAILED && errno == EEXIST &&
+		       ms_since(t0) < 10000);
 	} else {
 		p = mremap(g_cl_page, 4096, 4096,
 			   MREMAP_MAYMOVE | MREMAP_FIXED, g_cl_to);
@@ -1629,20 +1634,14 @@ struct mapper {
 	char *p;
 	int tries;
 	int reported_at_map;
+	bool mapped;
 };
 
 static void *mapper_main(void *a)
 {
 	struct mapper *m = a;
-	char *q;
 
-	for (;;) {
-		q = mmap(m->p, LEN, PROT_READ | PROT_WRITE,
-			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-		if (q == m->p)
-			break;
-		m->tries++;
-	}
+	m->mapped = sy_map_freed(m->p, &m->tries) == m->p;
 	m->reported_at_map = g_sy.reported;
 	return NULL;
 }
@@ -1677,6 +1676,8 @@ static int t_sync_reader_exit(void)
 		      "unmapper");
 		pthread_join(u, NULL);
 		pthread_join(mt, NULL);
+		CHECK(m.mapped, "round %d: the freed address could not be mapped again (%d tries): taken by another mapping?",
+		      i, m.tries);
 		CHECK(m.reported_at_map, "round %d: a thread made after the reader exited mapped the freed address before the report (%d tries)",
 		      i, m.tries);
 		munmap(p, LEN);
