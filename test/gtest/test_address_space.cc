@@ -355,7 +355,9 @@ race_tally run_race(const race_case &race, uring_rcache &rc, uring_rcache &secon
             ++t.skipped;
         }
         a.join();
-        munmap(p, visible ? n : race.ours_if_unseen(n));
+        if (const size_t ours = visible ? n : race.ours_if_unseen(n)) {
+            munmap(p, ours);
+        }
     }
     return t;
 }
