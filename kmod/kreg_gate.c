@@ -32,6 +32,7 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/compat.h>
+#include <linux/mm.h>
 #include <linux/module.h>
 #include <linux/pid.h>
 #include <linux/ptrace.h>
@@ -40,6 +41,7 @@
 #include <linux/sched/task_stack.h>
 #include <linux/slab.h>
 #include <linux/task_work.h>
+#include <linux/uaccess.h>
 #include <linux/wait.h>
 
 #include <asm/syscall.h>
@@ -597,6 +599,101 @@ static enum kreg_gate_end kreg_gate_wait(struct kreg_sync *s, u64 target,
 }
 
 /*
+ * One thread of a timed-out gate's report: where it stands in user space
+ * (no kernel stack: a "Call Trace" in the log reads as a kernel bug to
+ * whoever watches it). Another thread may exit meanwhile and its stack go
+ * (a task reference does not keep it): its registers are read with
+ * copy_from_kernel_nofault().
+ */
+static void kreg_gate_say_thread(const char *role, struct task_struct *t)
+{
+	struct vm_area_struct *vma;
+	struct pt_regs regs;
+	unsigned long ip;
+	int nr;
+
+	if (copy_from_kernel_nofault(&regs, task_pt_regs(t), sizeof(regs))) {
+		pr_warn("  %s %s[%d]: gone\n", role, t->comm, task_pid_nr(t));
+		return;
+	}
+	ip = instruction_pointer(&regs);
+	nr = syscall_get_nr(t, &regs);
+	/* current's mm is t's: the gate checked that current is the owner's */
+	if (mmap_read_lock_killable(current->mm))
+		return;
+	vma = find_vma(current->mm, ip);
+	if (vma && vma->vm_start <= ip && vma->vm_file)
+		pr_warn("  %s %s[%d]: %s, %s %d, user ip %pD+%#lx\n", role,
+			t->comm, task_pid_nr(t),
+			task_is_running(t) ? "running" : "asleep",
+			nr < 0 ? "not in a call, last" : "in call", nr,
+			vma->vm_file, ip - vma->vm_start +
+			(vma->vm_pgoff << PAGE_SHIFT));
+	else
+		pr_warn("  %s %s[%d]: %s, %s %d, user ip %#lx\n", role,
+			t->comm, task_pid_nr(t),
+			task_is_running(t) ? "running" : "asleep",
+			nr < 0 ? "not in a call, last" : "in call", nr, ip);
+	mmap_read_unlock(current->mm);
+}
+
+#define KREG_GATE_SAY_MAX	8
+
+/*
+ * A gate timed out: a window, counted (and said once by the library).
+ * Says, rate-limited, what was unreported and where the threads that were
+ * reporting or held stood, so that what the report waited for (a lock a
+ * held thread had taken, say) can be found.
+ */
+static void kreg_gate_say_timeout(struct kreg_sync *s, u64 target, bool irq)
+{
+	struct task_struct *t[KREG_GATE_SAY_MAX];
+	const char *role[KREG_GATE_SAY_MAX];
+	struct kreg_sync_ent e[KREG_GATE_SAY_MAX];
+	int bkt, n = 0, ne = 0, i;
+	struct kreg_gate *g;
+	u64 done;
+
+	if (!__ratelimit(&s->say_rs))
+		return;
+	spin_lock(&s->lock);
+	done = s->done;
+	for (i = 0; i < s->q_n && ne < KREG_GATE_SAY_MAX; i++) {
+		struct kreg_sync_ent *q =
+			&s->q[(s->q_first + i) % KREG_NF_SYNC_QUEUE];
+
+		if (q->seq > done)
+			e[ne++] = *q;
+	}
+	hash_for_each(s->gates, bkt, g, node) {
+		if (n == KREG_GATE_SAY_MAX)
+			break;
+		if (g->task == current ||
+		    (!g->reporting && !g->exempt &&
+		     g->state != KREG_GATE_RUNNING))
+			continue;
+		role[n] = g->exempt ? "reader" : g->reporting ? "reporting" :
+			  "held";
+		t[n++] = get_task_struct(g->task);
+	}
+	spin_unlock(&s->lock);
+	pr_warn("gate of %s[%d] timed out at its return from %s %d: changes %llu-%llu unreported\n",
+		current->comm, task_pid_nr(current),
+		irq ? "an interrupt or fault, last call" : "call",
+		syscall_get_nr(current, task_pt_regs(current)), done + 1,
+		target);
+	for (i = 0; i < ne; i++)
+		pr_warn("  change %llu: %#llx-%#llx%s, %u in flight\n",
+			e[i].seq, e[i].start, e[i].end,
+			e[i].gone ? " (gone)" : "", e[i].pending);
+	kreg_gate_say_thread("this", current);
+	for (i = 0; i < n; i++) {
+		kreg_gate_say_thread(role[i], t[i]);
+		put_task_struct(t[i]);
+	}
+}
+
+/*
  * The gate, run by its thread on the way to user space (or in
  * exit_task_work()), where it may sleep. It lets the thread go only under
  * sync->lock, having seen that nothing queued is unreported (or that the
@@ -696,6 +793,8 @@ static void kreg_gate_run(struct callback_head *cb)
 		else
 			fuse_ms = owed_hold ? KREG_GATE_OWED_FUSE_MS : 0;
 		end = kreg_gate_wait(s, target, deadline, fuse_ms, &nudged);
+		if (end == KREG_GATE_TIMED_OUT)
+			kreg_gate_say_timeout(s, target, irq);
 		if (end != KREG_GATE_REPORTED || fatal_signal_pending(current)) {
 			/* let go (counted), or dying */
 			spin_lock(&s->lock);

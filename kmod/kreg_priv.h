@@ -63,6 +63,7 @@
 #include <linux/mmu_notifier.h>
 #include <linux/mutex.h>
 #include <linux/poll.h>
+#include <linux/ratelimit.h>
 #include <linux/spinlock.h>
 #include <linux/types.h>
 #include <linux/uidgid.h>
@@ -244,6 +245,7 @@ struct kreg_sync {
 	struct list_head idle;		/* gates to arm at the next change */
 	struct list_head live;		/* on kreg_syncs (RCU) while started */
 	u64 owed_until;			/* lock: the newest debt (kreg_probes.c) */
+	struct ratelimit_state say_rs;	/* a timed-out gate's log lines */
 	atomic64_t stats[KREG_ST_NR];
 };
 

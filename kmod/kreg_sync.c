@@ -446,6 +446,8 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 	s->unpinned = arg.flags & KREG_NF_SYNC_UNPINNED;
 	for (i = 0; i < KREG_ST_NR; i++)
 		atomic64_set(&s->stats[i], 0);
+	/* a few timed-out gates a process said in the log, then quiet */
+	ratelimit_state_init(&s->say_rs, 5 * HZ, 3);
 	spin_lock(&s->lock);
 	WRITE_ONCE(s->owner, get_pid(task_tgid(current)));
 	s->dead = false;

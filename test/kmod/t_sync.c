@@ -4,6 +4,9 @@
  */
 #include "nf_test.h"
 
+#include <sys/klog.h>
+#include <sys/prctl.h>
+
 
 static int sy_ch_munmap(char *p) { return munmap(p, LEN); }
 static int sy_ch_raw_munmap(char *p) { return syscall(SYS_munmap, p, LEN); }
@@ -222,11 +225,36 @@ static int t_sync_fork_probe_once(void)
 	return 0;
 }
 
+/*
+ * Whether the kernel's log holds needle (SYSLOG_ACTION_READ_ALL: root);
+ * if not, prints the module's last lines there.
+ */
+static bool klog_has(const char *needle)
+{
+	static char log[1 << 20];
+	int n = klogctl(3, log, sizeof(log) - 1);
+	char *line, *save = NULL;
+	int shown = 0;
+
+	if (n < 0)
+		return false;
+	log[n] = 0;
+	if (strstr(log, needle))
+		return true;
+	for (line = strtok_r(log, "\n", &save); line;
+	     line = strtok_r(NULL, "\n", &save))
+		if (strstr(line, "kreg_notifier: ") && shown++ < 40)
+			printf("  log: %s\n", line);
+	return false;
+}
+
 /* No signal, no dispatcher: the changing thread is let go after the gate
- * timeout, and that is counted. */
+ * timeout, and that is counted, and said in the kernel's log with what was
+ * unreported and where the thread stood. */
 static int t_sync_gate_timeout(void)
 {
 	struct kreg_nf_sync_stats st;
+	char comm[16] = "", said[128], range[64];
 	double t0, ms;
 	int rc;
 	char *p;
@@ -244,6 +272,15 @@ static int t_sync_gate_timeout(void)
 	      (unsigned long long)st.self_gated);
 	CHECK(ms >= 40 && ms < 5000, "held %.1f ms, timeout 50 ms", ms);
 	CHECK(!g_sy.reported, "reported with nobody draining");
+	CHECK(prctl(PR_GET_NAME, comm) == 0, "PR_GET_NAME");
+	snprintf(said, sizeof(said),
+		 "gate of %s[%d] timed out at its return from call %d: ", comm,
+		 (int)syscall(SYS_gettid), SYS_munmap);
+	snprintf(range, sizeof(range), ": %#lx-%#lx", (unsigned long)p,
+		 (unsigned long)p + LEN);
+	CHECK(klog_has(said) && klog_has(range),
+	      "the kernel's log does not say '%s' with the change '%s'", said,
+	      range);
 	/* what it was held for is still queued: a late DRAIN reports it */
 	CHECK(sy_drain() == 0 && g_sy.reported, "queued range lost after the timeout");
 	return 0;
