@@ -269,6 +269,14 @@ void kreg_sync_wake_reader(struct kreg_sync *s);
 void kreg_sync_born(struct task_struct *child);
 void kreg_sync_call(void);
 
+unsigned long kreg_sync_place(struct file *file, unsigned long addr,
+			      unsigned long len, unsigned long flags);
+
+/* kreg_place.c */
+unsigned long kreg_place(struct kreg_sync *s, struct file *file,
+			 unsigned long addr, unsigned long len,
+			 unsigned long flags);
+
 /* kreg_gate.c */
 void kreg_gates_arm(struct kreg_sync *s, struct list_head *reap);
 void kreg_gates_stop(struct kreg_sync *s, struct list_head *reap);

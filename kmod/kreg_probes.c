@@ -55,7 +55,7 @@
  * mapped the freed address unheld (found in review).
  */
 static const char *const kreg_call_fns[] = {
-	"do_mmap", "do_brk_flags", "_install_special_mapping",
+	"do_brk_flags", "_install_special_mapping",
 	"__x64_sys_mremap",
 #ifdef CONFIG_IA32_EMULATION
 	"__ia32_sys_mremap",
@@ -80,6 +80,51 @@ static struct ftrace_ops kreg_call_ops = {
 	.flags = FTRACE_OPS_FL_RECURSION | FTRACE_OPS_FL_PERMANENT,
 };
 
+/*
+ * do_mmap() has a hook of its own: while a change is unreported it may
+ * steer the call off the change's range by its address argument
+ * (kreg_place.c), before it ends the pass as the others do.
+ * do_mmap(file, addr, len, prot, flags, ...) on 6.1 to 6.12: addr in rsi,
+ * flags in r8.
+ */
+/*
+ * The argument registers that ftrace saved at the call's entry and puts
+ * back before the call goes on (x86-64's ftrace_caller with
+ * DYNAMIC_FTRACE_WITH_ARGS, 6.1 to 6.12), NULL without them.
+ */
+static struct pt_regs *kreg_call_args(struct ftrace_regs *fregs)
+{
+#if defined(arch_ftrace_regs)
+	return &arch_ftrace_regs(fregs)->regs;
+#elif defined(CONFIG_HAVE_DYNAMIC_FTRACE_WITH_ARGS)
+	return &fregs->regs;
+#else
+	return NULL;
+#endif
+}
+
+static void notrace kreg_mmap_hook(unsigned long ip, unsigned long parent_ip,
+				   struct ftrace_ops *op,
+				   struct ftrace_regs *fregs)
+{
+	struct pt_regs *args = kreg_call_args(fregs);
+	unsigned long hint;
+
+	if (args) {
+		hint = kreg_sync_place((struct file *)args->di, args->si,
+				       args->dx, args->r8);
+		if (hint)
+			args->si = hint;
+	}
+	kreg_sync_call();
+}
+
+static struct ftrace_ops kreg_mmap_ops = {
+	.func = kreg_mmap_hook,
+	/* as kreg_call_ops */
+	.flags = FTRACE_OPS_FL_RECURSION | FTRACE_OPS_FL_PERMANENT,
+};
+
 static bool kreg_call_on;
 static unsigned long kreg_call_puts;	/* times put on: sysfs, the tests */
 
@@ -95,9 +140,19 @@ static int kreg_call_hook_register(void)
 					(unsigned char *)kreg_call_fns[i],
 					strlen(kreg_call_fns[i]), 0);
 	if (!ret)
+		ret = ftrace_set_filter(&kreg_mmap_ops, (unsigned char *)"do_mmap",
+					strlen("do_mmap"), 0);
+	if (!ret)
 		ret = register_ftrace_function(&kreg_call_ops);
-	if (ret)
+	if (!ret) {
+		ret = register_ftrace_function(&kreg_mmap_ops);
+		if (ret)
+			unregister_ftrace_function(&kreg_call_ops);
+	}
+	if (ret) {
 		ftrace_free_filter(&kreg_call_ops);
+		ftrace_free_filter(&kreg_mmap_ops);
+	}
 	return ret;
 }
 
@@ -200,7 +255,9 @@ void kreg_probes_exit(void)
 {
 	/* waits until no CPU runs the hook */
 	if (kreg_call_on) {
+		unregister_ftrace_function(&kreg_mmap_ops);
 		unregister_ftrace_function(&kreg_call_ops);
+		ftrace_free_filter(&kreg_mmap_ops);
 		ftrace_free_filter(&kreg_call_ops);
 		kreg_call_on = false;
 	}

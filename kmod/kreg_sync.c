@@ -576,6 +576,32 @@ void kreg_sync_call(void)
 	rcu_read_unlock();
 }
 
+/*
+ * do_mmap()'s hook (kreg_probes.c), before kreg_sync_call(), preemption
+ * disabled, mmap_lock held for write: in a process whose delivery runs,
+ * with a change unreported, the address to pass instead of addr so that
+ * the mapping lands off the change's range (kreg_place.c), or 0.
+ */
+unsigned long kreg_sync_place(struct file *file, unsigned long addr,
+			      unsigned long len, unsigned long flags)
+{
+	struct mm_struct *mm = current->mm;
+	unsigned long hint = 0;
+	struct kreg_sync *s;
+
+	if (!mm || list_empty(&kreg_syncs))
+		return 0;
+	rcu_read_lock();
+	list_for_each_entry_rcu(s, &kreg_syncs, live)
+		if (s->mm == mm) {
+			if (READ_ONCE(s->seq) > READ_ONCE(s->done))
+				hint = kreg_place(s, file, addr, len, flags);
+			break;
+		}
+	rcu_read_unlock();
+	return hint;
+}
+
 long kreg_sync_stop(struct kreg_ctx *ctx)
 {
 	struct kreg_sync *s;

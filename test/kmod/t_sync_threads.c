@@ -1355,6 +1355,66 @@ static int t_sync_spinner_munmap_split(void)
 	return spinner_mmap_elsewhere(SP_MMAP_SPLIT);
 }
 
+/*
+ * While a change is unreported, an mmap whose address the kernel chooses
+ * lands off the change's range (kreg_place.c). UCX 1.13's rcache grows a
+ * pool by such an mmap inside the spinlock its unmap callback takes: one
+ * placed in the freed range was held until the gate timed out, the
+ * reporters spinning on that lock. Nobody reports here (no signal, no
+ * reader), so the change stays unreported; without the steering the new
+ * mapping takes the freed range, the highest gap that fits.
+ */
+static volatile int g_pl_go;
+static char *volatile g_pl_p;
+
+static void *pl_unmapper(void *a)
+{
+	(void)a;
+	while (!g_pl_go)
+		usleep(1000);
+	return (void *)(intptr_t)munmap(g_pl_p, LEN);
+}
+
+static int t_sync_mmap_placed_off_freed(void)
+{
+	struct kreg_nf_sync_stats st = { 0 };
+	bool overlap;
+	pthread_t t;
+	char *p, *q;
+	void *ret;
+	int rc, i;
+
+	CHECK(sy_start(0, 300, false) == 0, "SYNC_START signo 0");
+	/* the thread's stack first: the buffer is then the last mapping made */
+	CHECK(pthread_create(&t, NULL, pl_unmapper, NULL) == 0, "thread");
+	p = sy_buffer(true, &rc);
+	g_pl_p = p;
+	g_pl_go = 1;
+	if (rc) {
+		pthread_join(t, NULL);
+		return rc;
+	}
+	/* queued: this thread's next return is held until its timeout once */
+	for (i = 0; i < 5000 && !st.queued; i++)
+		if (sy_stats(&st) || !st.queued)
+			usleep(1000);
+	q = mmap(NULL, LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		 -1, 0);
+	pthread_join(t, &ret);
+	overlap = q != MAP_FAILED && q < p + LEN && p < q + LEN;
+	if (q != MAP_FAILED)
+		munmap(q, LEN);
+	CHECK(st.queued >= 1, "the change was never queued");
+	CHECK(q != MAP_FAILED && ret == NULL, "mmap, or the thread's munmap");
+	CHECK(sy_stats(&st) == 0 && st.gate_timeouts >= 1,
+	      "the change was reported (gate_timeouts %llu): nothing tested",
+	      (unsigned long long)st.gate_timeouts);
+	CHECK(!overlap, "an mmap while the change was unreported got %p, in the freed %p-%p",
+	      (void *)q, (void *)p, (void *)(p + LEN));
+	CHECK(sy_drain() == 0 && g_sy.reported, "the change was lost");
+	return 0;
+}
+
 /* a brk whose heap holds nothing of the change goes on (glibc's malloc
  * calls it under its arena lock) */
 static int t_sync_spinner_brk_elsewhere(void)
@@ -1928,6 +1988,8 @@ const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-call-inside-lock", t_sync_call_inside_lock, NULL, NULL },
 	{ "sync-call-freed-address-held", t_sync_call_freed_address_held,
 	  NULL, NULL },
+	{ "sync-mmap-placed-off-freed", t_sync_mmap_placed_off_freed, NULL,
+	  NULL },
 	{ "sync-born-held", t_sync_born_held, NULL, NULL },
 	{ "sync-sleepers-not-walked", t_sync_sleepers_not_walked, NULL, NULL },
 	{ "sync-spinner-not-kicked", t_sync_spinner_not_kicked, NULL, NULL },
