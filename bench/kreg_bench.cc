@@ -504,21 +504,24 @@ int parent_threads(int reps, const std::vector<std::string> &kinds,
             } else {
                 printf("n/a");
             }
-            /* each configuration against itself with one other thread and
-             * with none, run by run */
+            /* each configuration against itself with base other threads,
+             * run by run: the median, or < 0 with no pair */
+            auto against = [&](const std::string &cfg, int base, const std::string &k) {
+                std::vector<double> v;
+                const std::vector<run_timings> &z = runs[kind][base];
+                for (size_t i = 0; i < r.size() && i < z.size(); ++i) {
+                    double x, y;
+                    if (value(r[i], cfg, k, &x) && value(z[i], cfg, k, &y) && y > 0) {
+                        v.push_back(x / y);
+                    }
+                }
+                return v.empty() ? -1.0 : median(v);
+            };
             for (const std::string &cfg : cfgs) {
                 for (int base : {1, 0}) {
-                    std::vector<double> v;
-                    const std::vector<run_timings> &z = runs[kind][base];
-                    for (size_t i = 0; i < r.size() && i < z.size(); ++i) {
-                        double x, y;
-                        if (value(r[i], cfg, key, &x) && value(z[i], cfg, key, &y) &&
-                            y > 0) {
-                            v.push_back(x / y);
-                        }
-                    }
-                    if (!v.empty()) {
-                        printf("  %s P3(T)/P3(%d) %.2f", cfg.c_str(), base, median(v));
+                    const double m = against(cfg, base, key);
+                    if (m >= 0) {
+                        printf("  %s P3(T)/P3(%d) %.2f", cfg.c_str(), base, m);
                     }
                 }
             }
@@ -528,6 +531,16 @@ int parent_threads(int reps, const std::vector<std::string> &kinds,
                 cpu = summarize({"P3T", "P3.bg_cpu", sync, "hooks", "P3.bg_cpu", ""}, r);
                 if (b.ok) {
                     printf("  their rate %s/hooks %.3f", sync.c_str(), b.ratio);
+                }
+            }
+            printf("\n");
+            /* the same in reference-loop units, which divide out the
+             * speed state a child ran in (bench/README.md, "Noise") */
+            printf("# ref %s T=%d: P3(T)/P3(1) in reference-loop units:", kind.c_str(), n);
+            for (const std::string &cfg : cfgs) {
+                const double m = against(cfg, 1, key + ".ref");
+                if (m >= 0) {
+                    printf(" %s %.2f", cfg.c_str(), m);
                 }
             }
             printf("\n");

@@ -272,18 +272,27 @@ void measure_free_cached(bench_cache *c)
             *acc_full += t2 - t0;
         }
     };
-    /* calibrate on the full loop, then g_inner measurements */
-    double last_only = 0;
+    /* calibrate on the full loop, then g_inner measurements; each also
+     * in units of the reference loop run around it (bench_util.h: TCG's
+     * speed state moves a process's ns by up to 1.7x for seconds, and P3
+     * is one thread's CPU work, the signal's handler included) */
+    std::vector<double> only_ref;
     const double full_ns = per_op([&](uint64_t n) {
         uint64_t a = 0, b = 0;
+        const double ref0 = reference_ns();
         run(n, &a, &b);
-        last_only = static_cast<double>(a) / static_cast<double>(n);
-        only.push_back(last_only);
+        const double ref1 = reference_ns();
+        const double op   = static_cast<double>(a) / static_cast<double>(n);
+        only.push_back(op);
+        only_ref.push_back(op / ((ref0 + ref1) / 2));
         return b;
     });
-    /* `only` holds the calibration runs too; keep the last g_inner */
+    /* both hold the calibration runs too; keep the last g_inner */
     only.erase(only.begin(), only.end() - std::min<size_t>(only.size(), g_inner));
+    only_ref.erase(only_ref.begin(),
+                   only_ref.end() - std::min<size_t>(only_ref.size(), g_inner));
     result("P3.munmap_1m", median(only));
+    result("P3.munmap_1m.ref", median(only_ref));
     result("P3.munmap_1m_to_rcache", full_ns);
     ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, probe_cb, nullptr);
     if (misses_missing || lost) {
