@@ -12,7 +12,7 @@
  * grows the memory pool of its page directories by an mmap under the
  * spinlock its unmap callback takes, so the reporter spins on the lock the
  * held thread holds until the gate times out (UCP over rc_verbs with 2 and
- * 8 threads: 2 gates of 14 runs timed out so, the module's log showing the
+ * 8 threads: 2 gates in 39 runs timed out so, the module's log showing the
  * holder at mmap's return and both reporters in pthread_spin_lock()). No
  * fuse can let such a thread go without opening the race, so the range
  * is kept out of the placement instead: the call gets a hint the kernel
