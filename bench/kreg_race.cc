@@ -229,6 +229,10 @@ int child(const std::string &mode, uint64_t rounds)
         }
         a.go.store(r);
         void *p;
+        /* until x is free again; once the unmapper is done, one more try
+         * that fails means another mapping took the hole (this process's
+         * monitor or UCX's pools map too): say so, never spin for good */
+        bool was_done = false;
         for (;;) {
             p = mmap(x, kLen, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
@@ -242,6 +246,12 @@ int child(const std::string &mode, uint64_t rounds)
             if (errno != EEXIST) {
                 die("mmap(MAP_FIXED_NOREPLACE)");
             }
+            if (was_done) {
+                fprintf(stderr, "race: round %lu: another mapping took the freed %p\n",
+                        static_cast<unsigned long>(r), x);
+                return 3;
+            }
+            was_done = a.done.load() == r;
             ++spins;
         }
         phase_ns[1] += now_ns() - tp;
