@@ -106,7 +106,8 @@ void measure_unregistered()
                                                            MAP_FIXED_NOREPLACE,
                                                    -1, 0));
                 if (p == MAP_FAILED) {
-                    die("mmap");
+                    die(errno == EEXIST ? "mmap: another mapping took the measured slot"
+                                         : "mmap");
                 }
                 p[0] = 1;
                 munmap(p, size);

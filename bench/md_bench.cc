@@ -229,7 +229,8 @@ int measure_free_cached(const std::string &config, RegPut &&reg_put, double ms)
             void *p = mmap(slot, kFreeLen, PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
             if (p == MAP_FAILED) {
-                die("mmap");
+                die(errno == EEXIST ? "mmap: another mapping took the measured slot"
+                                     : "mmap");
             }
             memset(p, static_cast<int>(round), kFreeLen);
             const uint64_t regs = reg_mr_count();
