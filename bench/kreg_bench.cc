@@ -551,7 +551,7 @@ int parent_threads(int reps, const std::vector<std::string> &kinds,
                 printf("# %s T=%d: their rate %s/hooks over %zu runs %.3f..%.3f; their "
                        "CPUs %.3f (%.3f vs %.3f CPUs)", kind.c_str(), n, sync.c_str(), b.n,
                        b.lo, b.hi, cpu.ratio, cpu.a, cpu.b);
-                std::vector<double> queued, held, slept;
+                std::vector<double> queued, held, slept, passes, parked, parked_held;
                 for (const run_timings &x : r) {
                     double v;
                     if (value(x, sync, "P3.queued", &v)) {
@@ -563,10 +563,24 @@ int parent_threads(int reps, const std::vector<std::string> &kinds,
                     if (value(x, sync, "P3.held_waits", &v)) {
                         slept.push_back(v);
                     }
+                    if (value(x, sync, "P3.passes", &v)) {
+                        passes.push_back(v);
+                    }
+                    if (value(x, sync, "P3.parked", &v)) {
+                        parked.push_back(v);
+                    }
+                    if (value(x, sync, "P3.parked_held", &v)) {
+                        parked_held.push_back(v);
+                    }
                 }
                 if (!queued.empty() && !held.empty() && !slept.empty()) {
                     printf("; changes queued %.0f/s, holds %.0f/s, of them slept %.0f/s",
                            median(queued), median(held), median(slept));
+                }
+                if (!passes.empty() && !parked.empty() && !parked_held.empty()) {
+                    printf("; let go at interrupts %.0f/s, parked %.0f/s, armed by a "
+                           "parked thread's call %.0f/s",
+                           median(passes), median(parked), median(parked_held));
                 }
                 /* the mechanism ran: P3's pinned change went through the
                  * module (an unpinned P3 measured UCM's hooks instead) */

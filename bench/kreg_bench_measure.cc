@@ -451,7 +451,9 @@ private:
  * had as "P3.bg_cpu" (1 = one CPU throughout), and synchronous delivery's
  * holds (gates armed: the measured thread's own and the others' that ran
  * since the last change) and those that slept, a second, as "P3.held" and
- * "P3.held_waits". */
+ * "P3.held_waits"; gates let go at an interrupt's return ("P3.passes"),
+ * parked there ("P3.parked") and armed by a parked thread's next system
+ * call ("P3.parked_held"), a second. */
 void measure_free_cached_with(bench_cache *c)
 {
     background bg;
@@ -473,6 +475,12 @@ void measure_free_cached_with(bench_cache *c)
         result("P3.queued", static_cast<double>(s1.sync.queued - s0.sync.queued) * 1e9 / wall);
         result("P3.held_waits",
                static_cast<double>(s1.sync.held_waits - s0.sync.held_waits) * 1e9 / wall);
+        result("P3.passes",
+               static_cast<double>(s1.sync.irq_passes - s0.sync.irq_passes) * 1e9 / wall);
+        result("P3.parked",
+               static_cast<double>(s1.sync.gates_parked - s0.sync.gates_parked) * 1e9 / wall);
+        result("P3.parked_held",
+               static_cast<double>(s1.sync.parked_held - s0.sync.parked_held) * 1e9 / wall);
     }
 }
 

@@ -11,12 +11,28 @@
  *            space, from a system call, a fault or an interrupt (its tick).
  *            Nothing interrupts a thread that stays in user space.
  *   RUNNING  its thread waits in it, if a change is unreported.
- *   IDLE     ran since the last change, on sync->idle.
+ *   IDLE     ran since the last change, on sync->idle; or parked, on
+ *            sync->parked (below).
  *   EXEMPT   the reader's: never held.
  * A change arms the IDLE gates only, so it costs nothing per thread that
  * has not crossed into the kernel since the last one (asleep, or spinning
  * in user space), and looks for new threads only at the end of the thread
  * list, where clone() adds them.
+ *
+ * Parked: a gate that ran at a return from an interrupt or exception and
+ * let its thread go (nothing unreported, or every unreported change took
+ * its mapping away: an irq pass). Such a thread has obtained nothing, and
+ * can obtain a page where a change took the mapping away only by a call
+ * that makes a mapping, which the call hooks hold (kreg_probes.c). So a
+ * change that takes its mapping away does not arm it again; the thread's
+ * next system call does, from the system call hook, which a syscall_work
+ * bit set on the thread routes there (kreg_gate_park()). A change that
+ * keeps its range mapped (a touch would fault a page in) and a new mapping
+ * while a change is unreported arm the parked gates as before. Without
+ * this, 1,024 threads spinning in user space on two CPUs had about 150
+ * gates armed a change (every thread their tick had switched in since the
+ * last one), each run at the thread's next return: a walk in the changing
+ * thread and a lock round trip in each spinner, a change.
  *
  * task_work cannot be cancelled from a module: an ARMED gate stays queued
  * until its thread runs it. So a queued or running gate holds a reference
@@ -82,6 +98,9 @@ struct kreg_gate {
 	bool reporting;			/* between its DRAINs: see below */
 	u64 owed;			/* let go at an interrupt: kreg_probes.c */
 	bool owed_hold;			/* armed by the call hook */
+	bool parked;			/* on sync->parked */
+	bool flagged;			/* its SYSCALL_AUDIT bit is ours */
+	u64 parked_at;			/* sync->seq when parked */
 };
 
 struct kreg_kick {
@@ -89,6 +108,44 @@ struct kreg_kick {
 };
 
 static void kreg_gate_run(struct callback_head *cb);
+static bool kreg_gate_changes_gone(struct kreg_sync *s, u64 target);
+
+/*
+ * g's thread (current, or a child clone() made that has not run yet) goes
+ * to user space with its gate parked (lock held): its next system call
+ * reaches the hook (kreg_gate_syscall())
+ * through audit's syscall_work bit, which makes syscall_trace_enter() run
+ * and does nothing else for a thread with no audit context (audit itself
+ * sets it only at fork). A thread that audit, seccomp or a tracer already
+ * sends there keeps its bits as they are.
+ */
+static void kreg_gate_park(struct kreg_sync *s, struct kreg_gate *g)
+{
+	g->state = KREG_GATE_IDLE;
+	g->parked = true;
+	g->parked_at = s->seq;
+	list_add_tail(&g->idle, &s->parked);
+	WRITE_ONCE(s->nr_parked, s->nr_parked + 1);
+	if (!test_task_syscall_work(g->task, SYSCALL_AUDIT)) {
+		set_task_syscall_work(g->task, SYSCALL_AUDIT);
+		g->flagged = true;
+	}
+	kreg_sync_count(s, KREG_ST_PARKED);
+}
+
+/* off sync->parked, its bit cleared (lock held; g->task may be another) */
+static void kreg_gate_unpark(struct kreg_sync *s, struct kreg_gate *g)
+{
+	if (!g->parked)
+		return;
+	list_del_init(&g->idle);
+	g->parked = false;
+	WRITE_ONCE(s->nr_parked, s->nr_parked - 1);
+	if (g->flagged) {
+		clear_task_syscall_work(g->task, SYSCALL_AUDIT);
+		g->flagged = false;
+	}
+}
 
 static struct kreg_gate *kreg_gate_find(struct kreg_sync *s,
 					struct task_struct *t)
@@ -108,6 +165,7 @@ static struct kreg_gate *kreg_gate_find(struct kreg_sync *s,
 static void kreg_gate_arm(struct kreg_sync *s, struct kreg_gate *g,
 			  struct list_head *reap)
 {
+	kreg_gate_unpark(s, g);
 	list_del_init(&g->idle);
 	/* before the add: the thread may run the gate at once */
 	kref_get(&s->ref);
@@ -212,6 +270,10 @@ void kreg_gates_arm(struct kreg_sync *s, struct list_head *reap)
 
 	list_for_each_entry_safe(g, tmp, &s->idle, idle)
 		kreg_gate_arm(s, g, reap);
+	/* parked: only if a touch could now map a page of a change */
+	if (!kreg_gate_changes_gone(s, s->seq))
+		list_for_each_entry_safe(g, tmp, &s->parked, idle)
+			kreg_gate_arm(s, g, reap);
 	kreg_gates_discover(s, reap);
 }
 
@@ -266,6 +328,7 @@ void kreg_gates_stop(struct kreg_sync *s, struct list_head *reap)
 		switch (g->state) {
 		case KREG_GATE_IDLE:
 		case KREG_GATE_EXEMPT:
+			kreg_gate_unpark(s, g);
 			list_move(&g->idle, reap);
 			break;
 		case KREG_GATE_ARMED:
@@ -286,6 +349,7 @@ void kreg_gate_exempt(struct kreg_sync *s, struct task_struct *t)
 		return;
 	g->exempt = true;
 	if (g->state == KREG_GATE_IDLE) {
+		kreg_gate_unpark(s, g);
 		list_del_init(&g->idle);
 		g->state = KREG_GATE_EXEMPT;
 	}
@@ -313,11 +377,22 @@ void kreg_gate_reporting(struct kreg_sync *s, struct task_struct *t, bool on)
  * g's thread goes on while changes up to target are unreported (lock held):
  * its next call that can return an address is held (kreg_gate_owed()).
  */
-static void kreg_gate_owe(struct kreg_sync *s, struct kreg_gate *g,
-			  u64 target)
+static void kreg_gate_owe(struct kreg_gate *g, u64 target)
 {
 	g->owed = target;
-	s->owed_until = max(s->owed_until, target);
+}
+
+/* at rest until the next change arms it (lock held) */
+static void kreg_gate_rest(struct kreg_sync *s, struct kreg_gate *g)
+{
+	g->state = KREG_GATE_IDLE;
+	list_add_tail(&g->idle, &s->idle);
+}
+
+/* a gate that lets its thread go at an interrupt's return may park */
+static bool kreg_gate_parks(void)
+{
+	return kreg_call_hook_on() && kreg_syscall_hook_on();
 }
 
 /*
@@ -341,16 +416,21 @@ void kreg_gate_call(struct kreg_sync *s)
 	u32 i;
 
 	spin_lock(&s->lock);
-	/* first: armed below, its gate would not know the call was owed */
+	/*
+	 * first: armed below, its gate would not know the call was owed. A
+	 * parked gate owes the call for every change unreported (those queued
+	 * since it parked did not arm it).
+	 */
 	g = kreg_gate_find(s, current);
-	if (g && g->owed) {
-		if (g->owed > s->done && !s->dead &&
-		    g->state == KREG_GATE_IDLE) {
+	if (g && (g->owed > s->done || g->parked) && !s->dead &&
+	    s->done < s->seq) {
+		/* ARMED: by a change since, or by the system call hook */
+		if (g->state == KREG_GATE_IDLE)
 			kreg_gate_arm(s, g, &reap);
-			g->owed_hold = true;
-		}
-		g->owed = 0;
+		g->owed_hold = g->state == KREG_GATE_ARMED;
 	}
+	if (g)
+		g->owed = 0;
 	for (i = 0; i < s->q_n; i++) {
 		struct kreg_sync_ent *e =
 			&s->q[(s->q_first + i) % KREG_NF_SYNC_QUEUE];
@@ -364,10 +444,50 @@ void kreg_gate_call(struct kreg_sync *s)
 	 * make it: armed, that thread waited for what only it could do, in
 	 * the system calls its handler makes before its DRAIN)
 	 */
-	if (gone && !s->dead)
+	if (gone && !s->dead) {
 		list_for_each_entry_safe(o, tmp, &s->idle, idle)
 			if (o->owed > s->done)
 				kreg_gate_arm(s, o, &reap);
+		list_for_each_entry_safe(o, tmp, &s->parked, idle)
+			kreg_gate_arm(s, o, &reap);
+	}
+	spin_unlock(&s->lock);
+	kreg_gates_reap(&reap);
+}
+
+/*
+ * The system call hook (kreg_probes.c), at the entry of a system call of a
+ * thread that syscall_work sends to syscall_trace_enter(), in a process
+ * with parked gates: if the thread's gate is parked, it is no longer. If a
+ * change queued since it parked is unreported, the gate is armed: the
+ * thread waits at this call's end, as it would had that change armed it
+ * (threads that enter and leave the kernel while a change is unreported
+ * wait). Else it is at rest for the next change to arm, and its debt
+ * (owed) for the changes it passed stays as it was.
+ */
+void kreg_gate_syscall(struct kreg_sync *s)
+{
+	struct kreg_gate *g;
+	LIST_HEAD(reap);
+
+	spin_lock(&s->lock);
+	g = kreg_gate_find(s, current);
+	if (g && g->parked) {
+		kreg_gate_unpark(s, g);
+		if (!s->dead && s->seq > g->parked_at && s->seq > s->done) {
+			kreg_gate_arm(s, g, &reap);
+			/*
+			 * and if this call makes a mapping, the call hook holds
+			 * it as it holds a thread let go at an interrupt: one
+			 * that maps nothing of a change returns at once (it may
+			 * be made inside a lock the report needs)
+			 */
+			kreg_gate_owe(g, s->seq);
+			kreg_sync_count(s, KREG_ST_PARKED_HELD);
+		} else {
+			list_add_tail(&g->idle, &s->idle);
+		}
+	}
 	spin_unlock(&s->lock);
 	kreg_gates_reap(&reap);
 }
@@ -732,16 +852,19 @@ static void kreg_gate_run(struct callback_head *cb)
 		}
 		/* a reporter: armed again by the next change, held after */
 		if (g->reporting) {
-			g->state = KREG_GATE_IDLE;
-			list_add_tail(&g->idle, &s->idle);
+			kreg_gate_rest(s, g);
 			pass = true;
 			break;
 		}
 		target = s->seq;
 		/* nothing new since a pass: the pass still holds */
 		if (s->dead || s->done >= target || (pass && target == passed)) {
-			g->state = KREG_GATE_IDLE;
-			list_add_tail(&g->idle, &s->idle);
+			/* at an interrupt, with nothing unreported: parked */
+			if (irq && !s->dead && s->done >= target &&
+			    kreg_gate_parks())
+				kreg_gate_park(s, g);
+			else
+				kreg_gate_rest(s, g);
 			break;
 		}
 		/*
@@ -755,18 +878,19 @@ static void kreg_gate_run(struct callback_head *cb)
 		 */
 		if (irq && kreg_call_hook_on() &&
 		    kreg_gate_changes_gone(s, target)) {
-			g->state = KREG_GATE_IDLE;
-			list_add_tail(&g->idle, &s->idle);
-			kreg_gate_owe(s, g, target);
+			if (kreg_gate_parks())
+				kreg_gate_park(s, g);
+			else
+				kreg_gate_rest(s, g);
+			kreg_gate_owe(g, target);
 			kreg_sync_count(s, KREG_ST_IRQ_PASSES);
 			break;
 		}
 		clean = !irq && kreg_gate_call_clean(s);
 		/* an owed call that mapped nothing of a change: still owed */
 		if (owed_hold && clean) {
-			g->state = KREG_GATE_IDLE;
-			list_add_tail(&g->idle, &s->idle);
-			kreg_gate_owe(s, g, target);
+			kreg_gate_rest(s, g);
+			kreg_gate_owe(g, target);
 			break;
 		}
 		spin_unlock(&s->lock);
@@ -808,8 +932,7 @@ static void kreg_gate_run(struct callback_head *cb)
 				spin_unlock(&s->lock);
 				continue;
 			}
-			g->state = KREG_GATE_IDLE;
-			list_add_tail(&g->idle, &s->idle);
+			kreg_gate_rest(s, g);
 			owes = end == KREG_GATE_LET_GO && !s->dead &&
 			       s->done < target &&
 			       !fatal_signal_pending(current);
@@ -818,7 +941,7 @@ static void kreg_gate_run(struct callback_head *cb)
 						clean ? KREG_ST_CALL_RELEASES :
 						KREG_ST_IRQ_NEXT_RELEASED);
 			if (owes)
-				kreg_gate_owe(s, g, target);
+				kreg_gate_owe(g, target);
 			break;
 		}
 	}

@@ -52,6 +52,14 @@ static ssize_t call_hook_show(struct device *dev,
 }
 static DEVICE_ATTR_ADMIN_RO(call_hook);
 
+/* 1 while the system call hook is on (kreg_probes.c): gates may park */
+static ssize_t syscall_hook_show(struct device *dev,
+				 struct device_attribute *attr, char *buf)
+{
+	return sysfs_emit(buf, "%d\n", kreg_syscall_hook_on());
+}
+static DEVICE_ATTR_ADMIN_RO(syscall_hook);
+
 /* how many times they went on since the module loaded: once, or never */
 static ssize_t call_hook_puts_show(struct device *dev,
 				   struct device_attribute *attr, char *buf)
@@ -74,6 +82,7 @@ static struct attribute *kreg_attrs[] = {
 	&kreg_attr_memory.attr.attr,
 	&dev_attr_users.attr,
 	&dev_attr_call_hook.attr,
+	&dev_attr_syscall_hook.attr,
 	&dev_attr_call_hook_puts.attr,
 	&dev_attr_fork_probe_puts.attr,
 	NULL,

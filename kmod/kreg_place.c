@@ -134,7 +134,7 @@ static bool kreg_place_wanted(struct file *file, unsigned long len,
 
 /*
  * At do_mmap()'s entry, s the delivery of current's mm with a change
- * unreported (kreg_sync_place()), mmap_lock held for write: the hint to
+ * unreported (kreg_sync_call()), mmap_lock held for write: the hint to
  * pass instead of addr, or 0 to leave the call alone.
  */
 unsigned long kreg_place(struct kreg_sync *s, struct file *file,

@@ -192,6 +192,7 @@ enum kreg_sync_stat {		/* the fields of struct kreg_nf_sync_stats */
 	KREG_ST_OWN_CHANGES, KREG_ST_INFLIGHT_FULL, KREG_ST_IRQ_RELEASES,
 	KREG_ST_IRQ_NEXT_HELD, KREG_ST_IRQ_UNWATCHED, KREG_ST_BORN_HELD,
 	KREG_ST_IRQ_NEXT_RELEASED, KREG_ST_CALL_RELEASES, KREG_ST_IRQ_PASSES,
+	KREG_ST_PARKED, KREG_ST_PARKED_HELD,
 	KREG_ST_NR = sizeof(struct kreg_nf_sync_stats) / sizeof(__u64)
 };
 
@@ -243,8 +244,10 @@ struct kreg_sync {
 	struct kreg_sync_inflight inflight[KREG_SYNC_INFLIGHT];
 	DECLARE_HASHTABLE(gates, KREG_GATE_BITS);	/* by task */
 	struct list_head idle;		/* gates to arm at the next change */
+	/* gates armed only by a change that keeps its mapping (kreg_gate.c) */
+	struct list_head parked;
+	u32 nr_parked;			/* lock; read without it by the hook */
 	struct list_head live;		/* on kreg_syncs (RCU) while started */
-	u64 owed_until;			/* lock: the newest debt (kreg_probes.c) */
 	struct ratelimit_state say_rs;	/* a timed-out gate's log lines */
 	atomic64_t stats[KREG_ST_NR];
 };
@@ -267,10 +270,9 @@ void kreg_sync_release(struct kref *ref);
 void kreg_sync_count(struct kreg_sync *s, enum kreg_sync_stat i);
 void kreg_sync_wake_reader(struct kreg_sync *s);
 void kreg_sync_born(struct task_struct *child);
-void kreg_sync_call(void);
-
-unsigned long kreg_sync_place(struct file *file, unsigned long addr,
-			      unsigned long len, unsigned long flags);
+unsigned long kreg_sync_call(struct file *file, unsigned long addr,
+			     unsigned long len, unsigned long flags, bool place);
+void kreg_sync_syscall(void);
 
 /* kreg_place.c */
 unsigned long kreg_place(struct kreg_sync *s, struct file *file,
@@ -284,11 +286,13 @@ void kreg_gates_reap(struct list_head *reap);
 void kreg_gate_exempt(struct kreg_sync *s, struct task_struct *t);
 void kreg_gate_reporting(struct kreg_sync *s, struct task_struct *t, bool on);
 void kreg_gate_call(struct kreg_sync *s);
+void kreg_gate_syscall(struct kreg_sync *s);
 void kreg_gate_born(struct kreg_sync *s, struct task_struct *child);
 
 /* kreg_probes.c */
 void kreg_probes_get(void);
 bool kreg_call_hook_on(void);
+bool kreg_syscall_hook_on(void);
 unsigned long kreg_call_hook_puts(void);
 unsigned long kreg_fork_probe_puts(void);
 void kreg_probes_exit(void);

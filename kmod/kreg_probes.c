@@ -28,6 +28,13 @@
  * call and an empty-list check per new mapping of the machine, and a short
  * list walk in a process whose delivery runs.
  *
+ * System calls of parked threads (ftrace, at syscall_trace_enter(), the
+ * entry work the kernel runs only for a thread whose syscall_work asks for
+ * it): a gate parked at an interrupt's return (kreg_gate.c) is armed again
+ * by its thread's next system call, not by every change. Only threads
+ * that audit, seccomp, a tracer or a parked gate mark reach it: a thread
+ * with none of these pays nothing.
+ *
  * Births (sched_process_fork): a thread that clone() makes while a change
  * is unreported was not there to be armed, and its first system call could
  * return the freed address. The tracepoint runs in the parent after the
@@ -66,7 +73,7 @@ static void notrace kreg_call_hook(unsigned long ip, unsigned long parent_ip,
 				   struct ftrace_ops *op,
 				   struct ftrace_regs *fregs)
 {
-	kreg_sync_call();
+	kreg_sync_call(NULL, 0, 0, 0, false);
 }
 
 static struct ftrace_ops kreg_call_ops = {
@@ -80,13 +87,6 @@ static struct ftrace_ops kreg_call_ops = {
 	.flags = FTRACE_OPS_FL_RECURSION | FTRACE_OPS_FL_PERMANENT,
 };
 
-/*
- * do_mmap() has a hook of its own: while a change is unreported it may
- * steer the call off the change's range by its address argument
- * (kreg_place.c), before it ends the pass as the others do.
- * do_mmap(file, addr, len, prot, flags, ...) on 6.1 to 6.12: addr in rsi,
- * flags in r8.
- */
 /*
  * The argument registers that ftrace saved at the call's entry and puts
  * back before the call goes on (x86-64's ftrace_caller with
@@ -103,6 +103,13 @@ static struct pt_regs *kreg_call_args(struct ftrace_regs *fregs)
 #endif
 }
 
+/*
+ * do_mmap() has a hook of its own: while a change is unreported it may
+ * steer the call off the change's range by its address argument
+ * (kreg_place.c), then ends the pass as the others do.
+ * do_mmap(file, addr, len, prot, flags, ...) on 6.1 to 6.12: file in rdi,
+ * addr in rsi, len in rdx, flags in r8.
+ */
 static void notrace kreg_mmap_hook(unsigned long ip, unsigned long parent_ip,
 				   struct ftrace_ops *op,
 				   struct ftrace_regs *fregs)
@@ -110,13 +117,14 @@ static void notrace kreg_mmap_hook(unsigned long ip, unsigned long parent_ip,
 	struct pt_regs *args = kreg_call_args(fregs);
 	unsigned long hint;
 
-	if (args) {
-		hint = kreg_sync_place((struct file *)args->di, args->si,
-				       args->dx, args->r8);
-		if (hint)
-			args->si = hint;
+	if (!args) {
+		kreg_sync_call(NULL, 0, 0, 0, false);
+		return;
 	}
-	kreg_sync_call();
+	hint = kreg_sync_call((struct file *)args->di, args->si, args->dx,
+			      args->r8, true);
+	if (hint)
+		args->si = hint;
 }
 
 static struct ftrace_ops kreg_mmap_ops = {
@@ -125,7 +133,21 @@ static struct ftrace_ops kreg_mmap_ops = {
 	.flags = FTRACE_OPS_FL_RECURSION | FTRACE_OPS_FL_PERMANENT,
 };
 
-static bool kreg_call_on;
+static void notrace kreg_syscall_hook(unsigned long ip,
+				      unsigned long parent_ip,
+				      struct ftrace_ops *op,
+				      struct ftrace_regs *fregs)
+{
+	kreg_sync_syscall();
+}
+
+static struct ftrace_ops kreg_syscall_ops = {
+	.func = kreg_syscall_hook,
+	/* as kreg_call_ops */
+	.flags = FTRACE_OPS_FL_RECURSION | FTRACE_OPS_FL_PERMANENT,
+};
+
+static bool kreg_call_on, kreg_syscall_on;
 static unsigned long kreg_call_puts;	/* times put on: sysfs, the tests */
 
 static int kreg_call_hook_register(void)
@@ -160,6 +182,30 @@ static int kreg_call_hook_register(void)
 bool kreg_call_hook_on(void)
 {
 	return READ_ONCE(kreg_call_on);
+}
+
+static int kreg_syscall_hook_register(void)
+{
+	/*
+	 * 6.1 builds it as syscall_trace_enter.constprop.0. On the stack:
+	 * ftrace's glob parser cuts the pattern at its '*' in place (a string
+	 * literal there oopsed in filter_parse_regex()).
+	 */
+	char fn[] = "syscall_trace_enter*";
+	int ret = ftrace_set_filter(&kreg_syscall_ops, (unsigned char *)fn,
+				    strlen(fn), 0);
+
+	if (!ret)
+		ret = register_ftrace_function(&kreg_syscall_ops);
+	if (ret)
+		ftrace_free_filter(&kreg_syscall_ops);
+	return ret;
+}
+
+/* gates may park: a parked thread's next system call is watched */
+bool kreg_syscall_hook_on(void)
+{
+	return READ_ONCE(kreg_syscall_on);
 }
 
 unsigned long kreg_call_hook_puts(void)
@@ -226,6 +272,13 @@ void kreg_probes_get(void)
 		else
 			WRITE_ONCE(kreg_call_on, true);
 		WRITE_ONCE(kreg_call_puts, kreg_call_puts + kreg_call_on);
+		/* tried once, with the call hooks, which parking needs */
+		ret = kreg_call_on ? kreg_syscall_hook_register() : -ENOENT;
+		if (ret)
+			pr_warn_once("no ftrace hook on syscall_trace_enter (error %d): every change arms the gates of threads let go at interrupts\n",
+				     ret);
+		else
+			WRITE_ONCE(kreg_syscall_on, true);
 	}
 	if (kreg_fork_on)
 		return;
@@ -254,6 +307,11 @@ unsigned long kreg_fork_probe_puts(void)
 void kreg_probes_exit(void)
 {
 	/* waits until no CPU runs the hook */
+	if (kreg_syscall_on) {
+		unregister_ftrace_function(&kreg_syscall_ops);
+		ftrace_free_filter(&kreg_syscall_ops);
+		kreg_syscall_on = false;
+	}
 	if (kreg_call_on) {
 		unregister_ftrace_function(&kreg_mmap_ops);
 		unregister_ftrace_function(&kreg_call_ops);

@@ -430,6 +430,7 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 		spin_lock_init(&s->lock);
 		hash_init(s->gates);
 		INIT_LIST_HEAD(&s->idle);
+		INIT_LIST_HEAD(&s->parked);
 		INIT_LIST_HEAD(&s->live);
 		s->dead = true;
 		ctx->sync = s;	/* nothing reads it before the notifier is in */
@@ -532,6 +533,17 @@ void kreg_sync_stop_locked(struct kreg_sync *s)
 	mutex_unlock(&kreg_syncs_lock);
 }
 
+/* mm's delivery while it runs (RCU read lock held), or NULL */
+static struct kreg_sync *kreg_sync_live(struct mm_struct *mm)
+{
+	struct kreg_sync *s;
+
+	list_for_each_entry_rcu(s, &kreg_syncs, live)
+		if (s->mm == mm)
+			return s;
+	return NULL;
+}
+
 /*
  * The sched_process_fork probe (kreg_probes.c): child is a new thread of a
  * process, in its parent's context, not yet run.
@@ -541,49 +553,23 @@ void kreg_sync_born(struct task_struct *child)
 	struct kreg_sync *s;
 
 	rcu_read_lock();
-	list_for_each_entry_rcu(s, &kreg_syncs, live)
-		if (s->mm == child->mm) {
-			kreg_gate_born(s, child);
-			break;
-		}
+	s = kreg_sync_live(child->mm);
+	if (s)
+		kreg_gate_born(s, child);
 	rcu_read_unlock();
 }
 
 /*
- * The call hook (kreg_probes.c), at the entry of every call of the machine
- * that makes a new mapping, preemption disabled, maybe under mmap_lock
- * (which the notifier's callbacks nest s->lock in too): in a process whose
- * delivery runs, with a change unreported, kreg_gate_call().
+ * The call hooks (kreg_probes.c), at the entry of every call of the
+ * machine that makes a new mapping, preemption disabled, maybe under
+ * mmap_lock (which the notifier's callbacks nest s->lock in too): in a
+ * process whose delivery runs, with a change unreported, kreg_gate_call().
+ * do_mmap()'s (mmap_lock held for write) first steers an anonymous mapping
+ * off the change's range: the address to pass instead of addr
+ * (kreg_place.c), or 0.
  */
-void kreg_sync_call(void)
-{
-	struct mm_struct *mm = current->mm;
-	struct kreg_sync *s;
-
-	if (!mm || list_empty(&kreg_syncs))
-		return;
-	rcu_read_lock();
-	list_for_each_entry_rcu(s, &kreg_syncs, live)
-		if (s->mm == mm) {
-			/*
-			 * mmap_lock orders this look after a change queued
-			 * before (do_mmap and do_brk_flags hold it here)
-			 */
-			if (READ_ONCE(s->seq) > READ_ONCE(s->done))
-				kreg_gate_call(s);
-			break;
-		}
-	rcu_read_unlock();
-}
-
-/*
- * do_mmap()'s hook (kreg_probes.c), before kreg_sync_call(), preemption
- * disabled, mmap_lock held for write: in a process whose delivery runs,
- * with a change unreported, the address to pass instead of addr so that
- * the mapping lands off the change's range (kreg_place.c), or 0.
- */
-unsigned long kreg_sync_place(struct file *file, unsigned long addr,
-			      unsigned long len, unsigned long flags)
+unsigned long kreg_sync_call(struct file *file, unsigned long addr,
+			     unsigned long len, unsigned long flags, bool place)
 {
 	struct mm_struct *mm = current->mm;
 	unsigned long hint = 0;
@@ -592,14 +578,39 @@ unsigned long kreg_sync_place(struct file *file, unsigned long addr,
 	if (!mm || list_empty(&kreg_syncs))
 		return 0;
 	rcu_read_lock();
-	list_for_each_entry_rcu(s, &kreg_syncs, live)
-		if (s->mm == mm) {
-			if (READ_ONCE(s->seq) > READ_ONCE(s->done))
-				hint = kreg_place(s, file, addr, len, flags);
-			break;
-		}
+	s = kreg_sync_live(mm);
+	/*
+	 * mmap_lock orders this look after a change queued before (do_mmap
+	 * and do_brk_flags hold it here)
+	 */
+	if (s && READ_ONCE(s->seq) > READ_ONCE(s->done)) {
+		if (place)
+			hint = kreg_place(s, file, addr, len, flags);
+		kreg_gate_call(s);
+	}
 	rcu_read_unlock();
 	return hint;
+}
+
+/*
+ * The system call hook (kreg_probes.c), at the entry work of a system call
+ * of a thread whose syscall_work asks for it (a parked gate's, kreg_gate.c;
+ * also every thread that audit, seccomp or a tracer watches), preemption
+ * disabled: in a process whose delivery has parked gates,
+ * kreg_gate_syscall().
+ */
+void kreg_sync_syscall(void)
+{
+	struct mm_struct *mm = current->mm;
+	struct kreg_sync *s;
+
+	if (!mm || list_empty(&kreg_syncs))
+		return;
+	rcu_read_lock();
+	s = kreg_sync_live(mm);
+	if (s && READ_ONCE(s->nr_parked))
+		kreg_gate_syscall(s);
+	rcu_read_unlock();
 }
 
 long kreg_sync_stop(struct kreg_ctx *ctx)

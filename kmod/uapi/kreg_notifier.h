@@ -363,6 +363,17 @@ struct kreg_nf_sync_stats {
 	 * the module's ftrace hooks on those calls
 	 */
 	__u64 irq_passes;
+	/*
+	 * gates parked at a return from an interrupt or exception: a change
+	 * that takes its range's mapping away does not arm them again; the
+	 * thread's next system call does (parked_held if a change it had not
+	 * passed was unreported there: held at that call's end), and so do a
+	 * change that keeps its range mapped and any new mapping while a
+	 * change is unreported. Without the module's ftrace hook on the
+	 * kernel's system call entry work: 0, every change arms them.
+	 */
+	__u64 gates_parked;
+	__u64 parked_held;
 };
 
 #define KREG_NF_SYNC_QUEUE 64

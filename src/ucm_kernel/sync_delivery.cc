@@ -304,6 +304,8 @@ void sync_add_stats(kreg_stats_t *stats)
     stats->sync.irq_next_released += st.irq_next_released;
     stats->sync.call_releases += st.call_releases;
     stats->sync.irq_passes    += st.irq_passes;
+    stats->sync.gates_parked  += st.gates_parked;
+    stats->sync.parked_held   += st.parked_held;
 }
 
 } // namespace kreg

@@ -222,6 +222,11 @@ typedef struct {
                                           let go at once after a munmap
                                           (nothing mapped there any more);
                                           next call held as irq_releases'   */
+        uint64_t gates_parked;         /* gates parked at an interrupt's
+                                          return: armed by the thread's next
+                                          system call, not by every munmap */
+        uint64_t parked_held;          /* of those, held at the end of that
+                                          call for a change made since      */
     } sync;
 } kreg_stats_t;
 

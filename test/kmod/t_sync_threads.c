@@ -1503,6 +1503,28 @@ static int t_sync_spinner_touch_growsdown_held(void)
 	return sp_touch_held(SP_TOUCH_GROWSDOWN, "a munmap below a stack that grows down");
 }
 
+/* this thread on CPU 0, user_spinner on CPU 1 until g_stop */
+static int spinner_start(pthread_t *sp)
+{
+	cpu_set_t set;
+
+	CPU_ZERO(&set);
+	CPU_SET(0, &set);
+	CHECK(sched_setaffinity(0, sizeof(set), &set) == 0, "affinity");
+	g_stop = false;
+	CHECK(pthread_create(sp, NULL, user_spinner, (void *)1) == 0, "spinner");
+	usleep(100000);
+	return 0;
+}
+
+/* what a spinner's run gives back: rc, or the first failure */
+static int spinner_stop(pthread_t sp, int rc)
+{
+	g_stop = true;
+	pthread_join(sp, NULL);
+	return rc;
+}
+
 /*
  * A thread spinning in user space on another CPU is never kicked by a
  * change (the gate is armed without one): its CPU takes no more
@@ -1513,25 +1535,21 @@ static int t_sync_spinner_not_kicked(void)
 	enum { CHANGES = 50 };
 	long base, with;
 	pthread_t sp;
-	cpu_set_t set;
 	int rc;
 
 	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
 		return skip("one CPU: no thread runs beside the changing one");
-	CPU_ZERO(&set);
-	CPU_SET(0, &set);
-	CHECK(sched_setaffinity(0, sizeof(set), &set) == 0, "affinity");
-	g_stop = false;
-	CHECK(pthread_create(&sp, NULL, user_spinner, (void *)1) == 0, "spinner");
-	usleep(100000);
-	rc = res_during_changes(CHANGES, &base);
-	if (!rc) {
-		CHECK(sy_start(SY_SIGNO, 5000, false) == 0, "SYNC_START");
-		rc = res_during_changes(CHANGES, &with);
-	}
-	g_stop = true;
-	pthread_join(sp, NULL);
+	rc = spinner_start(&sp);
 	if (rc)
+		return rc;
+	rc = res_during_changes(CHANGES, &base);
+	if (!rc && sy_start(SY_SIGNO, 5000, false)) {
+		failed(__LINE__, "sy_start", "SYNC_START");
+		rc = 1;
+	}
+	if (!rc)
+		rc = res_during_changes(CHANGES, &with);
+	if (spinner_stop(sp, rc))
 		return rc;
 	printf("CPU 1 (the spinner's) took %ld rescheduling interrupts during %d changes without synchronous delivery, %ld with it\n",
 	       base, CHANGES, with);
@@ -1539,11 +1557,12 @@ static int t_sync_spinner_not_kicked(void)
 		struct kreg_nf_sync_stats st;
 
 		CHECK(sy_stats(&st) == 0, "SYNC_STATS");
-		printf("gates %llu waits %llu passes %llu irq_passes %llu timeouts %llu\n",
+		printf("gates %llu waits %llu passes %llu irq_passes %llu parked %llu timeouts %llu\n",
 		       (unsigned long long)st.gates,
 		       (unsigned long long)st.gate_waits,
 		       (unsigned long long)st.gate_passes,
 		       (unsigned long long)st.irq_passes,
+		       (unsigned long long)st.gates_parked,
 		       (unsigned long long)st.gate_timeouts);
 		/*
 		 * The spinner comes back from the TLB shootdown the munmap
@@ -1551,13 +1570,16 @@ static int t_sync_spinner_not_kicked(void)
 		 * UCM's hooks too) while the change is unreported: it goes on
 		 * at once where the call hooks are on (the module of aaa88bf
 		 * held it there, a wait at nearly every change), else it
-		 * waits there.
+		 * waits there. Where gates park, its gate parked at its first
+		 * return and no munmap armed it again (sync-spinner-parked).
 		 */
 		if (irq_passes_on())
-			CHECK(st.gate_waits <= CHANGES / 10 && st.irq_passes,
-			      "%llu waits, %llu passes at an interrupt for %d changes",
+			CHECK(st.gate_waits <= CHANGES / 10 &&
+			      (st.irq_passes || st.gates_parked),
+			      "%llu waits, %llu passes at an interrupt, %llu gates parked for %d changes",
 			      (unsigned long long)st.gate_waits,
-			      (unsigned long long)st.irq_passes, CHANGES);
+			      (unsigned long long)st.irq_passes,
+			      (unsigned long long)st.gates_parked, CHANGES);
 	}
 	/*
 	 * A kick a change (the module of a37c080: TWA_RESUME) is a
@@ -1570,6 +1592,149 @@ static int t_sync_spinner_not_kicked(void)
 	CHECK(with - base < CHANGES / 2,
 	      "the spinner's CPU took %ld rescheduling interrupts more for %d changes",
 	      with - base, CHANGES);
+	return 0;
+}
+
+/* the system call hook is on: gates park at interrupts (kreg_gate.c) */
+static bool parking_on(void)
+{
+	return irq_passes_on() && sysval("syscall_hook") == 1;
+}
+
+/*
+ * A thread spinning in user space beside 50 munmaps of pinned memory: its
+ * gate runs at the first one's shootdown and parks (gates_parked), and the
+ * others, which leave no mapping where they were, arm it no more. The
+ * module of 1853cdd armed it at every change and ran it at every
+ * shootdown's return (irq_passes 50): at T = 1024 spinners, 150 gates a
+ * change.
+ */
+static int t_sync_spinner_parked(void)
+{
+	enum { CHANGES = 50 };
+	struct kreg_nf_sync_stats a, b;
+	long res;
+	pthread_t sp;
+	int rc;
+
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		return skip("one CPU: no thread runs beside the changing one");
+	CHECK(sy_start(SY_SIGNO, 5000, false) == 0, "SYNC_START");
+	if (!parking_on())
+		return skip("no system call hook (call_hook %ld, syscall_hook %ld): gates do not park",
+			    sysval("call_hook"), sysval("syscall_hook"));
+	rc = spinner_start(&sp);
+	if (rc)
+		return rc;
+	/* the spinner's gate is made at the first change, and parks */
+	rc = res_during_changes(2, &res);
+	if (!rc && sy_stats(&a)) {
+		failed(__LINE__, "sy_stats", "SYNC_STATS");
+		rc = 1;
+	}
+	if (!rc)
+		rc = res_during_changes(CHANGES, &res);
+	if (spinner_stop(sp, rc))
+		return rc;
+	CHECK(sy_stats(&b) == 0, "SYNC_STATS");
+	printf("over %d munmaps: gates armed %llu, irq_passes %llu, gates_parked %llu (in all), gate_waits %llu\n",
+	       CHANGES, (unsigned long long)(b.gates - a.gates),
+	       (unsigned long long)(b.irq_passes - a.irq_passes),
+	       (unsigned long long)b.gates_parked,
+	       (unsigned long long)(b.gate_waits - a.gate_waits));
+	CHECK(b.gates_parked >= 1, "no gate parked");
+	/* the changing thread's own gate is armed at each: CHANGES */
+	CHECK(b.irq_passes - a.irq_passes <= CHANGES / 10 &&
+	      b.gates - a.gates <= CHANGES + CHANGES / 10,
+	      "the spinner's gate was armed again: %llu gates, %llu irq_passes for %d munmaps",
+	      (unsigned long long)(b.gates - a.gates),
+	      (unsigned long long)(b.irq_passes - a.irq_passes), CHANGES);
+	return 0;
+}
+
+/*
+ * A parked thread still waits at the end of its next system call for a
+ * change made since it parked (threads that enter and leave the kernel
+ * while a change is unreported wait): a getppid during a report of 100 ms
+ * returns after the ack (parked_held). The module with the hook doing
+ * nothing let it return at once; the module of 1853cdd let it go at the
+ * shootdown's return (an irq pass) and did not hold the getppid either.
+ */
+static volatile bool g_pk_in_report, g_pk_acking;
+
+static void pk_reporting(void)
+{
+	g_pk_in_report = true;
+	usleep(100000);
+	g_pk_acking = true;
+}
+
+static volatile bool g_pk_go, g_pk_after;
+static volatile double g_pk_ms;
+
+static void *pk_spinner(void *a)
+{
+	double t0;
+
+	(void)a;
+	sp_pin_cpu(1);
+	while (!g_pk_go)
+		;
+	while (!g_pk_in_report)
+		;
+	t0 = now_ns();
+	syscall(SYS_getppid);
+	g_pk_ms = ms_since(t0);
+	g_pk_after = g_pk_acking;
+	return NULL;
+}
+
+static int t_sync_parked_syscall_held(void)
+{
+	struct kreg_nf_sync_stats a, b;
+	struct pinned pa;
+	pthread_t sp;
+	long res;
+	int rc;
+
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		return skip("one CPU: no thread runs beside the changing one");
+	sp_pin_cpu(0);
+	rc = pinned_watched(&pa, false);
+	if (rc)
+		return rc;
+	if (!parking_on())
+		return skip("no system call hook (call_hook %ld, syscall_hook %ld): gates do not park",
+			    sysval("call_hook"), sysval("syscall_hook"));
+	g_pk_go = g_pk_in_report = g_pk_acking = g_pk_after = false;
+	g_pk_ms = -1;
+	CHECK(pthread_create(&sp, NULL, pk_spinner, NULL) == 0, "spinner");
+	usleep(50000);
+	/* another change first: the spinner's gate is made, and parks */
+	rc = res_during_changes(2, &res);
+	if (rc)
+		return rc;
+	CHECK(sy_stats(&a) == 0, "SYNC_STATS");
+	g_sy.want_start = (uintptr_t)pa.p;
+	g_sy.want_end = (uintptr_t)pa.p + LEN;
+	g_sy.reported = 0;
+	g_sy.reporting = pk_reporting;
+	g_pk_go = true;
+	CHECK(pinned_free(&pa) == 0, "munmap");
+	CHECK(g_sy.reported, "the change returned before its report");
+	pthread_join(sp, NULL);
+	g_sy.reporting = NULL;
+	CHECK(sy_stats(&b) == 0, "SYNC_STATS");
+	printf("the parked spinner's getppid took %.1f ms, %s the ack; gates_parked %llu parked_held %llu irq_passes %llu\n",
+	       g_pk_ms, g_pk_after ? "ended after" : "returned before",
+	       (unsigned long long)a.gates_parked,
+	       (unsigned long long)(b.parked_held - a.parked_held),
+	       (unsigned long long)(b.irq_passes - a.irq_passes));
+	CHECK(a.gates_parked >= 1, "the spinner's gate did not park");
+	CHECK(g_pk_after && b.parked_held - a.parked_held >= 1,
+	      "the parked spinner's getppid %s the ack (parked_held %llu)",
+	      g_pk_after ? "ended after" : "returned before",
+	      (unsigned long long)(b.parked_held - a.parked_held));
 	return 0;
 }
 
@@ -1993,6 +2158,8 @@ const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-born-held", t_sync_born_held, NULL, NULL },
 	{ "sync-sleepers-not-walked", t_sync_sleepers_not_walked, NULL, NULL },
 	{ "sync-spinner-not-kicked", t_sync_spinner_not_kicked, NULL, NULL },
+	{ "sync-spinner-parked", t_sync_spinner_parked, NULL, NULL },
+	{ "sync-parked-syscall-held", t_sync_parked_syscall_held, NULL, NULL },
 	{ "sync-spinner-mmap-freed-held", t_sync_spinner_mmap_freed_held,
 	  NULL, NULL },
 	{ "sync-spinner-mmap-elsewhere", t_sync_spinner_mmap_elsewhere,
