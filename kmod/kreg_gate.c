@@ -494,10 +494,14 @@ void kreg_gate_syscall(struct kreg_sync *s)
 
 /*
  * child, a thread of a process whose mm is s's, made by clone() (the
- * sched_process_fork probe, in the parent, before the child first runs):
- * if a change is unreported, its gate holds it at its first return to user
- * space. Gates are otherwise made only at a change, so such a child's first
- * system call (an mmap that returns the freed address) went unheld.
+ * sched_process_fork probe, in the parent, before the child first runs),
+ * gets its gate here, so that no change has to find and allocate it: if a
+ * change is unreported, armed (the child's first system call, an mmap that
+ * returns the freed address, would go unheld); else parked (it has
+ * obtained nothing yet), or at rest where gates do not park. A child whose
+ * gate could not be allocated is found by the next change's walk of the
+ * whole thread list (rescan): later children have theirs, and a walk from
+ * the end would stop at them.
  */
 void kreg_gate_born(struct kreg_sync *s, struct task_struct *child)
 {
@@ -505,19 +509,19 @@ void kreg_gate_born(struct kreg_sync *s, struct task_struct *child)
 	LIST_HEAD(reap);
 
 	spin_lock(&s->lock);
-	if (!s->dead && s->done < s->seq && task_tgid(child) == s->owner &&
+	if (!s->dead && task_tgid(child) == s->owner &&
 	    !kreg_gate_find(s, child)) {
-		/*
-		 * No rescan: a thread older than child was on the list when
-		 * the change was queued (its search found it) or was born
-		 * after, while it was unreported (given its gate here).
-		 */
 		g = kreg_gate_new(s, child);
-		if (g) {
+		if (!g) {
+			kreg_sync_count(s, KREG_ST_GATE_NOMEM);
+			s->rescan = true;
+		} else if (s->done < s->seq) {
 			kreg_gate_arm(s, g, &reap);
 			kreg_sync_count(s, KREG_ST_BORN_HELD);
+		} else if (kreg_gate_parks()) {
+			kreg_gate_park(s, g);
 		} else {
-			kreg_sync_count(s, KREG_ST_GATE_NOMEM);
+			kreg_gate_rest(s, g);
 		}
 	}
 	spin_unlock(&s->lock);

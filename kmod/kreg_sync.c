@@ -457,11 +457,7 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 	s->q_first = 0;
 	s->q_n = 0;
 	s->nr_inflight = 0;
-	/* every thread there is now gets its gate */
-	s->rescan = true;
-	kreg_gates_arm(s, &reap);
 	spin_unlock(&s->lock);
-	kreg_gates_reap(&reap);
 
 	/*
 	 * Listed, its probes on, before its notifier can queue a change: a
@@ -470,6 +466,17 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 	 */
 	kreg_probes_get();
 	list_add_rcu(&s->live, &kreg_syncs);
+	/*
+	 * Every thread there is now gets its gate; after the listing, since
+	 * the fork probe gives threads born from then on theirs (a thread
+	 * born between a walk and the listing would have none, and the walks
+	 * from the end of the list stop at a known thread)
+	 */
+	spin_lock(&s->lock);
+	s->rescan = true;
+	kreg_gates_arm(s, &reap);
+	spin_unlock(&s->lock);
+	kreg_gates_reap(&reap);
 	memset(&s->mn, 0, sizeof(s->mn));
 	s->mn.ops = &kreg_sync_ops;
 	/* current->mm == ctx->mm (checked by the caller): mm_users > 0 */

@@ -889,16 +889,24 @@ static void *sleeper(void *a)
  * 1000 threads asleep in read(): once each has its gate, a change of
  * pinned memory arms none of them again (the count of gates armed grows by
  * what the changing thread and the reader need, not by 1000 a change).
+ * Born after the delivery started (born), each gets its gate when clone()
+ * makes it, before any change (the module of d6d54f7 made all 1000 in the
+ * first change's callback, an allocation each). Born parked, each made
+ * system calls since (glibc's thread start, then read()), so the first
+ * change arms each once, as it must: a thread asleep in the kernel waits
+ * at its return.
  */
-static int t_sync_sleepers_not_walked(void)
+static int sleepers_not_walked(bool born)
 {
 	enum { SLEEPERS = 1000, CHANGES = 20 };
-	struct kreg_nf_sync_stats a, b;
+	struct kreg_nf_sync_stats a, b, a0;
 	static pthread_t t[SLEEPERS];
 	pthread_attr_t attr;
 	int rc, n = 0;
 
 	CHECK(pipe(g_sleep_pipe) == 0, "pipe");
+	if (born)
+		CHECK(sy_start(SY_SIGNO, 5000, true) == 0, "SYNC_START");
 	pthread_attr_init(&attr);
 	pthread_attr_setstacksize(&attr, 64 << 10);
 	for (; n < SLEEPERS; n++)
@@ -907,31 +915,48 @@ static int t_sync_sleepers_not_walked(void)
 	if (n < SLEEPERS / 2)
 		return skip("only %d threads could be created", n);
 	usleep(200000);		/* all asleep */
-	CHECK(sy_start(SY_SIGNO, 5000, true) == 0, "SYNC_START");
+	if (!born)
+		CHECK(sy_start(SY_SIGNO, 5000, true) == 0, "SYNC_START");
+	/* made before any change: at their birth, or at the start */
+	CHECK(sy_stats(&a0) == 0, "SYNC_STATS");
 	for (int i = 0; i < 2 + CHANGES; i++) {
 		struct pinned p;
 
-		if (i == 2)
+		if (i == 2) {
 			CHECK(sy_stats(&a) == 0, "SYNC_STATS");
+			printf("the first two changes armed %llu gates\n",
+			       (unsigned long long)(a.gates - a0.gates));
+		}
 		rc = pinned_new(&p, LEN);
 		if (rc)
 			return rc;
 		CHECK(pinned_free(&p) == 0, "munmap");
 	}
 	CHECK(sy_stats(&b) == 0, "SYNC_STATS");
-	printf("%d sleepers: threads seen %llu, over %d changes: queued %llu, gates armed %llu\n",
-	       n, (unsigned long long)b.threads, CHANGES,
-	       (unsigned long long)(b.queued - a.queued),
+	printf("%d sleepers%s: threads seen %llu (%llu before the first change measured), over %d changes: queued %llu, gates armed %llu\n",
+	       n, born ? " born after the start" : "",
+	       (unsigned long long)b.threads, (unsigned long long)a0.threads,
+	       CHANGES, (unsigned long long)(b.queued - a.queued),
 	       (unsigned long long)(b.gates - a.gates));
 	CHECK(b.queued - a.queued >= CHANGES, "queued %llu of %d changes",
 	      (unsigned long long)(b.queued - a.queued), CHANGES);
-	CHECK(b.threads >= (uint64_t)n, "threads seen %llu of %d",
-	      (unsigned long long)b.threads, n);
+	CHECK(a0.threads >= (uint64_t)n, "threads seen %llu of %d before the changes",
+	      (unsigned long long)a0.threads, n);
 	CHECK(b.gates - a.gates <= 10 * CHANGES,
 	      "%llu gates armed for %d changes with %d threads asleep",
 	      (unsigned long long)(b.gates - a.gates), CHANGES, n);
 	sy_stop_dispatcher();
 	return 0;
+}
+
+static int t_sync_sleepers_not_walked(void)
+{
+	return sleepers_not_walked(false);
+}
+
+static int t_sync_born_not_walked(void)
+{
+	return sleepers_not_walked(true);
 }
 
 /* Rescheduling interrupts CPU cpu has taken (RES in /proc/interrupts). */
@@ -2157,6 +2182,7 @@ const struct nf_test nf_tests_sync_threads[] = {
 	  NULL },
 	{ "sync-born-held", t_sync_born_held, NULL, NULL },
 	{ "sync-sleepers-not-walked", t_sync_sleepers_not_walked, NULL, NULL },
+	{ "sync-born-not-walked", t_sync_born_not_walked, NULL, NULL },
 	{ "sync-spinner-not-kicked", t_sync_spinner_not_kicked, NULL, NULL },
 	{ "sync-spinner-parked", t_sync_spinner_parked, NULL, NULL },
 	{ "sync-parked-syscall-held", t_sync_parked_syscall_held, NULL, NULL },
