@@ -29,10 +29,10 @@
  * bit set on the thread routes there (kreg_gate_park()). A change that
  * keeps its range mapped (a touch would fault a page in) and a new mapping
  * while a change is unreported arm the parked gates as before. Without
- * this, 1,024 threads spinning in user space on two CPUs had about 150
- * gates armed a change (every thread their tick had switched in since the
- * last one), each run at the thread's next return: a walk in the changing
- * thread and a lock round trip in each spinner, a change.
+ * this, every spinner that the unmap's shootdown (or its tick) interrupted
+ * had its gate armed again at every change and ran it there: a walk entry
+ * in the changing thread and a lock round trip in each spinner, a change
+ * (sync-spinner-parked).
  *
  * task_work cannot be cancelled from a module: an ARMED gate stays queued
  * until its thread runs it. So a queued or running gate holds a reference
@@ -271,7 +271,7 @@ void kreg_gates_arm(struct kreg_sync *s, struct list_head *reap)
 	list_for_each_entry_safe(g, tmp, &s->idle, idle)
 		kreg_gate_arm(s, g, reap);
 	/* parked: only if a touch could now map a page of a change */
-	if (!kreg_gate_changes_gone(s, s->seq))
+	if (s->nr_parked && !kreg_gate_changes_gone(s, s->seq))
 		list_for_each_entry_safe(g, tmp, &s->parked, idle)
 			kreg_gate_arm(s, g, reap);
 	kreg_gates_discover(s, reap);
@@ -485,7 +485,7 @@ void kreg_gate_syscall(struct kreg_sync *s)
 			kreg_gate_owe(g, s->seq);
 			kreg_sync_count(s, KREG_ST_PARKED_HELD);
 		} else {
-			list_add_tail(&g->idle, &s->idle);
+			kreg_gate_rest(s, g);
 		}
 	}
 	spin_unlock(&s->lock);
