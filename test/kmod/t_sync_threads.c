@@ -1763,6 +1763,80 @@ static int t_sync_parked_syscall_held(void)
 	return 0;
 }
 
+/*
+ * A parked thread that then blocks in a system call (read() of a pipe)
+ * while a munmap of pinned memory is made: it was in the kernel during the
+ * change, so it waits at that call's end until the report. Its read's
+ * entry took its gate off the parked list, where the change arms it. With
+ * the system call hook doing nothing the read returned before the ack.
+ */
+static int g_pr_pipe[2];
+
+static void pr_reporting(void)
+{
+	g_pk_in_report = true;
+	usleep(20000);
+	if (write(g_pr_pipe[1], "x", 1) != 1)
+		perror("write");
+	usleep(80000);
+	g_pk_acking = true;
+}
+
+static void *pr_reader(void *a)
+{
+	char c;
+
+	(void)a;
+	sp_pin_cpu(1);
+	while (!g_pk_go)
+		;		/* in user space: parks at the warm-up changes */
+	g_pk_after = read(g_pr_pipe[0], &c, 1) == 1 && g_pk_acking;
+	return NULL;
+}
+
+static int t_sync_parked_sleeper_held(void)
+{
+	struct kreg_nf_sync_stats a;
+	struct pinned pa;
+	pthread_t rd;
+	long res;
+	int rc;
+
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		return skip("one CPU: no thread runs beside the changing one");
+	sp_pin_cpu(0);
+	CHECK(pipe(g_pr_pipe) == 0, "pipe");
+	rc = pinned_watched(&pa, false);
+	if (rc)
+		return rc;
+	if (!parking_on())
+		return skip("no system call hook (call_hook %ld, syscall_hook %ld): gates do not park",
+			    sysval("call_hook"), sysval("syscall_hook"));
+	g_pk_go = g_pk_in_report = g_pk_acking = g_pk_after = false;
+	CHECK(pthread_create(&rd, NULL, pr_reader, NULL) == 0, "reader");
+	usleep(50000);
+	rc = res_during_changes(2, &res);
+	if (rc)
+		return rc;
+	CHECK(sy_stats(&a) == 0, "SYNC_STATS");
+	g_pk_go = true;
+	usleep(50000);		/* asleep in read() */
+	g_sy.want_start = (uintptr_t)pa.p;
+	g_sy.want_end = (uintptr_t)pa.p + LEN;
+	g_sy.reported = 0;
+	g_sy.reporting = pr_reporting;
+	CHECK(pinned_free(&pa) == 0, "munmap");
+	CHECK(g_sy.reported, "the change returned before its report");
+	pthread_join(rd, NULL);
+	g_sy.reporting = NULL;
+	printf("gates_parked %llu before; the sleeper's read %s the ack\n",
+	       (unsigned long long)a.gates_parked,
+	       g_pk_after ? "ended after" : "returned before");
+	CHECK(a.gates_parked >= 1, "the thread's gate did not park");
+	CHECK(g_pk_after, "the parked thread's read, made before the change, returned before the ack");
+	return 0;
+}
+
 static void *short_lived(void *a)
 {
 	return a;
@@ -2186,6 +2260,7 @@ const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-spinner-not-kicked", t_sync_spinner_not_kicked, NULL, NULL },
 	{ "sync-spinner-parked", t_sync_spinner_parked, NULL, NULL },
 	{ "sync-parked-syscall-held", t_sync_parked_syscall_held, NULL, NULL },
+	{ "sync-parked-sleeper-held", t_sync_parked_sleeper_held, NULL, NULL },
 	{ "sync-spinner-mmap-freed-held", t_sync_spinner_mmap_freed_held,
 	  NULL, NULL },
 	{ "sync-spinner-mmap-elsewhere", t_sync_spinner_mmap_elsewhere,
