@@ -1714,6 +1714,27 @@ static void *pk_spinner(void *a)
 	return NULL;
 }
 
+/*
+ * The parked-thread cases' start: this thread on CPU 0, a pinned buffer
+ * watched in *pa, the flags cleared. 0, 77 with the reason, or a failure.
+ */
+static int pk_start(struct pinned *pa)
+{
+	int rc;
+
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		return skip("one CPU: no thread runs beside the changing one");
+	sp_pin_cpu(0);
+	rc = pinned_watched(pa, false);
+	if (rc)
+		return rc;
+	if (!parking_on())
+		return skip("no system call hook (call_hook %ld, syscall_hook %ld): gates do not park",
+			    sysval("call_hook"), sysval("syscall_hook"));
+	g_pk_go = g_pk_in_report = g_pk_acking = g_pk_after = false;
+	return 0;
+}
+
 static int t_sync_parked_syscall_held(void)
 {
 	struct kreg_nf_sync_stats a, b;
@@ -1722,16 +1743,9 @@ static int t_sync_parked_syscall_held(void)
 	long res;
 	int rc;
 
-	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
-		return skip("one CPU: no thread runs beside the changing one");
-	sp_pin_cpu(0);
-	rc = pinned_watched(&pa, false);
+	rc = pk_start(&pa);
 	if (rc)
 		return rc;
-	if (!parking_on())
-		return skip("no system call hook (call_hook %ld, syscall_hook %ld): gates do not park",
-			    sysval("call_hook"), sysval("syscall_hook"));
-	g_pk_go = g_pk_in_report = g_pk_acking = g_pk_after = false;
 	g_pk_ms = -1;
 	CHECK(pthread_create(&sp, NULL, pk_spinner, NULL) == 0, "spinner");
 	usleep(50000);
@@ -1802,17 +1816,10 @@ static int t_sync_parked_sleeper_held(void)
 	long res;
 	int rc;
 
-	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
-		return skip("one CPU: no thread runs beside the changing one");
-	sp_pin_cpu(0);
 	CHECK(pipe(g_pr_pipe) == 0, "pipe");
-	rc = pinned_watched(&pa, false);
+	rc = pk_start(&pa);
 	if (rc)
 		return rc;
-	if (!parking_on())
-		return skip("no system call hook (call_hook %ld, syscall_hook %ld): gates do not park",
-			    sysval("call_hook"), sysval("syscall_hook"));
-	g_pk_go = g_pk_in_report = g_pk_acking = g_pk_after = false;
 	CHECK(pthread_create(&rd, NULL, pr_reader, NULL) == 0, "reader");
 	usleep(50000);
 	rc = res_during_changes(2, &res);
