@@ -588,6 +588,25 @@ int parent_threads(int reps, const std::vector<std::string> &kinds,
                     printf("\n# error: the module queued no change during P3");
                     rc = 1;
                 }
+                /* the same from their start: each thread's first change
+                 * (kreg_bench_measure.cc) and the calibration included */
+                const summary ba  = summarize({"P3T", "P3.bg_rate_all", sync, "hooks",
+                                               "P3.bg_rate_all", ""}, r);
+                const summary ca  = summarize({"P3T", "P3.bg_cpu_all", sync, "hooks",
+                                               "P3.bg_cpu_all", ""}, r);
+                std::vector<double> held_all;
+                for (const run_timings &x : r) {
+                    double v;
+                    if (value(x, sync, "P3.held_all", &v)) {
+                        held_all.push_back(v);
+                    }
+                }
+                if (ba.ok && ca.ok && !held_all.empty()) {
+                    printf("\n# %s T=%d: from their start, their first change included: "
+                           "their rate %s/hooks %.3f (%.3f..%.3f), their CPUs %.3f, holds "
+                           "%.0f/s", kind.c_str(), n, sync.c_str(), ba.ratio, ba.lo, ba.hi,
+                           ca.ratio, median(held_all));
+                }
                 printf("\n# %s T=%d: their rate, run by run (%s, hooks, 1e6/s):", kind.c_str(),
                        n, sync.c_str());
                 for (const run_timings &x : r) {
