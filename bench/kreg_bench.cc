@@ -526,7 +526,8 @@ int parent_threads(int reps, const std::vector<std::string> &kinds,
                 }
             }
             summary b, cpu;
-            if (n > 0 && kind != "asleep") {
+            /* threads that count their iterations */
+            if (n > 0 && (kind == "spinning" || kind == "syscalls")) {
                 b   = summarize({"P3T", "P3.bg_rate", sync, "hooks", "P3.bg_rate", ""}, r);
                 cpu = summarize({"P3T", "P3.bg_cpu", sync, "hooks", "P3.bg_cpu", ""}, r);
                 if (b.ok) {
@@ -637,7 +638,7 @@ int main(int argc, char **argv)
     std::string cfg;
     int reps  = 7;
     bool busy = false, threads = false;
-    std::vector<std::string> kinds = {"asleep", "spinning", "syscalls"};
+    std::vector<std::string> kinds = {"asleep", "stacks", "spinning", "syscalls"};
     /* the goal is against T = 1; T = 0 is the stricter base */
     std::vector<int> counts = {0, 1, 4, 16, 64, 1024};
     for (int i = 1; i < argc; ++i) {
@@ -681,7 +682,7 @@ int main(int argc, char **argv)
             g_inner     = 1;
         } else {
             fprintf(stderr,
-                    "usage: %s [--busy|--threads [--kinds asleep,spinning,syscalls] "
+                    "usage: %s [--busy|--threads [--kinds asleep,stacks,spinning,syscalls] "
                     "[--counts 0,1,4,16,64,1024]] [--reps N] [--ms MS] [--inner K] "
                     "[--quick]\n", argv[0]);
             return 2;
@@ -692,8 +693,9 @@ int main(int argc, char **argv)
     }
     if (threads) {
         for (const std::string &k : kinds) {
-            if ((k != "asleep") && (k != "spinning") && (k != "syscalls")) {
-                fprintf(stderr, "%s: --kinds: '%s' is none of asleep, spinning, syscalls\n",
+            if ((k != "asleep") && (k != "stacks") && (k != "spinning") && (k != "syscalls")) {
+                fprintf(stderr,
+                        "%s: --kinds: '%s' is none of asleep, stacks, spinning, syscalls\n",
                         argv[0], k.c_str());
                 return 2;
             }

@@ -352,14 +352,17 @@ public:
         if ((pipe(pipe_) != 0) || (n < 0)) {
             return false;
         }
+        if ((kind == "stacks") && !map_stacks(n)) {
+            return false;
+        }
         count_.reset(new line[std::max(1, n)]);
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setstacksize(&attr, 64 << 10);
-        for (int i = 0; i < n; ++i) {
+        for (int i = 0; (i < n) && (kind != "stacks"); ++i) {
             arg_.push_back({this, i, kind});
         }
-        for (int i = 0; i < n; ++i) {
+        for (int i = 0; (i < n) && (kind != "stacks"); ++i) {
             pthread_t t;
             if (pthread_create(&t, &attr, main_of, &arg_[static_cast<size_t>(i)]) != 0) {
                 fprintf(stderr, "bench: %d of %d threads created\n", i, n);
@@ -409,6 +412,10 @@ public:
 
     void stop()
     {
+        for (void *p : stacks_) {
+            munmap(p, stack_span);
+        }
+        stacks_.clear();
         stop_.store(true);
         if (!threads_.empty() && (write(pipe_[1], "x", 1) < 0)) {
             perror("bench: write");
@@ -420,6 +427,35 @@ public:
     }
 
 private:
+    /* a thread's stack as start() asks glibc for it: 64 KiB under a guard page */
+    static constexpr size_t stack_span = (64 << 10) + 4096;
+
+    /* "stacks", the control of "asleep": the n stacks that n threads would
+     * add to the address space (glibc 2.36's allocate_stack(): mapped
+     * PROT_NONE, all but the guard made writable, the top touched where
+     * the thread's descriptor and TLS lie), and no thread: what a larger
+     * address space costs P3, whatever watches it, apart from what the
+     * threads cost. */
+    bool map_stacks(int n)
+    {
+        for (int i = 0; i < n; ++i) {
+            char *p = static_cast<char *>(mmap(nullptr, stack_span, PROT_NONE,
+                                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1,
+                                               0));
+            if (p == MAP_FAILED) {
+                perror("bench: stacks: mmap");
+                return false;
+            }
+            stacks_.push_back(p);
+            if (mprotect(p + 4096, stack_span - 4096, PROT_READ | PROT_WRITE) != 0) {
+                perror("bench: stacks: mprotect");
+                return false;
+            }
+            memset(p + stack_span - 4096, 1, 4096);
+        }
+        return true;
+    }
+
     struct alignas(64) line {
         std::atomic<uint64_t> v{0};
     };
@@ -453,6 +489,7 @@ private:
     std::unique_ptr<line[]>  count_;
     std::vector<arg>         arg_;
     std::vector<pthread_t>   threads_;
+    std::vector<void *>      stacks_;
 };
 
 /* P3 with the other threads running; their iterations per second during
