@@ -649,6 +649,33 @@ static bool kreg_gate_call_clean(struct kreg_sync *s)
 	return nr == __NR_mmap || kreg_gate_range_clean(s, args[0], args[1]);
 }
 
+/*
+ * A change up to target is still in flight: the thread that makes it is
+ * still inside the call (its range's end not reached), which needs nothing
+ * of a thread held at its return to user space (such a thread holds no
+ * lock of the kernel's), so it ends however long it takes: a munmap whose
+ * thread is starved of its CPU (kreg_bench --threads with 1,024 threads
+ * starting up at once timed gates out behind one, "1 in flight").
+ */
+static bool kreg_gate_changes_in_flight(struct kreg_sync *s, u64 target)
+{
+	bool yes = false;
+	u32 i;
+
+	spin_lock(&s->lock);
+	for (i = 0; i < s->q_n; i++) {
+		struct kreg_sync_ent *e =
+			&s->q[(s->q_first + i) % KREG_NF_SYNC_QUEUE];
+
+		if (e->seq > s->done && e->seq <= target && e->pending) {
+			yes = true;
+			break;
+		}
+	}
+	spin_unlock(&s->lock);
+	return yes;
+}
+
 /* a report is under way: some thread has DRAINed ranges it has not acked */
 static bool kreg_gate_report_under_way(struct kreg_sync *s)
 {
@@ -671,7 +698,8 @@ enum kreg_gate_end { KREG_GATE_REPORTED, KREG_GATE_TIMED_OUT, KREG_GATE_LET_GO }
 /*
  * Waits until every change queued up to target is reported: first briefly
  * (the changing thread's handler usually reports), then asks the reader,
- * then up to the deadline (counted if it passes).
+ * then up to the deadline (counted if it passes), which a change still in
+ * flight at it moves on: the timeout counts from the last change's end.
  *
  * A thread stopped at a return from an interrupt (irq) was running in user
  * space: it has obtained nothing since the change, but it may have been
@@ -692,13 +720,13 @@ enum kreg_gate_end { KREG_GATE_REPORTED, KREG_GATE_TIMED_OUT, KREG_GATE_LET_GO }
  * thread owes its next one.
  */
 static enum kreg_gate_end kreg_gate_wait(struct kreg_sync *s, u64 target,
-					 unsigned long deadline,
+					 unsigned long *deadline,
 					 unsigned int fuse_ms, bool *nudged)
 {
 	long left, ret;
 
 	for (;;) {
-		left = (long)(deadline - jiffies);
+		left = (long)(*deadline - jiffies);
 		if (!*nudged)
 			left = min_t(long, left,
 				     msecs_to_jiffies(KREG_GATE_NUDGE_MS));
@@ -713,7 +741,12 @@ static enum kreg_gate_end kreg_gate_wait(struct kreg_sync *s, u64 target,
 			kreg_sync_wake_reader(s);
 			continue;
 		}
-		if ((long)(deadline - jiffies) <= 0) {
+		if ((long)(*deadline - jiffies) <= 0) {
+			/* the timeout counts from the change's end */
+			if (kreg_gate_changes_in_flight(s, target)) {
+				*deadline = jiffies + s->timeout;
+				continue;
+			}
 			kreg_sync_count(s, KREG_ST_GATE_TIMEOUTS);
 			return KREG_GATE_TIMED_OUT;
 		}
@@ -920,7 +953,7 @@ static void kreg_gate_run(struct callback_head *cb)
 			fuse_ms = KREG_GATE_IRQ_FUSE_MS;
 		else
 			fuse_ms = owed_hold ? KREG_GATE_OWED_FUSE_MS : 0;
-		end = kreg_gate_wait(s, target, deadline, fuse_ms, &nudged);
+		end = kreg_gate_wait(s, target, &deadline, fuse_ms, &nudged);
 		if (end == KREG_GATE_TIMED_OUT)
 			kreg_gate_say_timeout(s, target, irq);
 		if (end != KREG_GATE_REPORTED || fatal_signal_pending(current)) {

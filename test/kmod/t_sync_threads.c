@@ -95,6 +95,16 @@ static double ms_since(double t0)
 	return (now_ns() - t0) / 1e6;
 }
 
+/* the calling thread on CPU cpu only */
+static void pin_to_cpu(int cpu)
+{
+	cpu_set_t set;
+
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
 /* ---- 1: nothing the application does with signals kills or opens a window */
 
 static volatile bool g_stop;
@@ -286,6 +296,107 @@ static int t_sync_concurrent_frees(void)
 static int t_sync_concurrent_frees_reader(void)
 {
 	return sy_concurrent(0);
+}
+
+/*
+ * A change whose thread is starved of its CPU inside the munmap: the
+ * threads held meanwhile wait for its end, and the gate's timeout counts
+ * from there. The changing thread, at SCHED_IDLE, shares CPU 0 with a
+ * thread that spins for IF_HOG_MS once woken, so its munmap of a large
+ * pinned buffer stays in flight (range started, not ended) for most of
+ * that; a thread on CPU 1 makes system calls meanwhile and is held at
+ * their return; the reader (no signal) reports once the change ends. The
+ * module of 254dcc2 timed that thread's gate out after IF_TIMEOUT_MS,
+ * though nothing held could block the munmap (kreg_bench --threads timed
+ * gates out so behind a munmap starved by 1,024 threads starting up).
+ */
+enum { IF_TIMEOUT_MS = 100, IF_HOG_MS = 800 };
+static int g_if_pipe[2];
+static volatile bool g_if_stop;
+static volatile unsigned long g_if_calls;
+
+static void *if_hog(void *a)
+{
+	double t0;
+	char c;
+
+	(void)a;
+	pin_to_cpu(0);
+	if (read(g_if_pipe[0], &c, 1) != 1)
+		return NULL;
+	t0 = now_ns();
+	while (ms_since(t0) < IF_HOG_MS)
+		;
+	return NULL;
+}
+
+static void *if_caller(void *a)
+{
+	(void)a;
+	pin_to_cpu(1);
+	while (!g_if_stop) {
+		syscall(SYS_getppid);
+		g_if_calls++;
+	}
+	return NULL;
+}
+
+static int t_sync_inflight_not_timed_out(void)
+{
+	const size_t len = 128ul << 20;
+	struct sched_param idle = { 0 }, other = { 0 };
+	struct kreg_nf_sync_stats st;
+	pthread_t hog, caller;
+	struct pinned b;
+	double t0, ms;
+	char *p;
+	int rc;
+
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		return skip("one CPU: no thread runs beside the changing one");
+	/* the reader and the caller on CPU 1, the changer and the hog on 0 */
+	pin_to_cpu(1);
+	CHECK(sy_start(0, IF_TIMEOUT_MS, true) == 0, "SYNC_START");
+	/* 4 KiB pages (THP would make the unmap a few PMDs: over at once) */
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		 -1, 0);
+	CHECK(p != MAP_FAILED, "mmap");
+	CHECK(madvise(p, len, MADV_NOHUGEPAGE) == 0, "MADV_NOHUGEPAGE");
+	memset(p, 0x5a, len);
+	rc = pinned_at(&b, p, len);
+	if (rc)
+		return rc;
+	CHECK(pipe(g_if_pipe) == 0, "pipe");
+	CHECK(pthread_create(&caller, NULL, if_caller, NULL) == 0, "caller");
+	pin_to_cpu(0);
+	CHECK(pthread_create(&hog, NULL, if_hog, NULL) == 0, "hog");
+	usleep(50000);
+	CHECK(pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle) == 0,
+	      "SCHED_IDLE");
+	t0 = now_ns();
+	CHECK(write(g_if_pipe[1], "x", 1) == 1, "write");
+	CHECK(munmap(b.p, b.len) == 0, "munmap");
+	ms = ms_since(t0);
+	CHECK(pthread_setschedparam(pthread_self(), SCHED_OTHER, &other) == 0,
+	      "SCHED_OTHER");
+	pthread_join(hog, NULL);
+	g_if_stop = true;
+	pthread_join(caller, NULL);
+	io_uring_queue_exit(&b.ring);
+	sy_stop_dispatcher();
+	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+	printf("munmap of %zu MiB took %.0f ms beside the hog; the caller made %lu calls; gates %llu waits %llu timeouts %llu\n",
+	       len >> 20, ms, g_if_calls, (unsigned long long)st.gates,
+	       (unsigned long long)st.gate_waits,
+	       (unsigned long long)st.gate_timeouts);
+	if (ms < 3 * IF_TIMEOUT_MS)
+		return skip("the munmap took %.0f ms: not starved past the gate timeout (%d ms)",
+			    ms, IF_TIMEOUT_MS);
+	CHECK(st.gate_waits > 0, "the caller was never held");
+	CHECK(st.gate_timeouts == 0,
+	      "%llu gates timed out behind a change still in flight",
+	      (unsigned long long)st.gate_timeouts);
+	return 0;
 }
 
 /*
@@ -1074,22 +1185,13 @@ static void sp_reporting(void)
 	g_sp_acking = true;	/* just before the ack: a stricter check */
 }
 
-static void sp_pin_cpu(int cpu)
-{
-	cpu_set_t set;
-
-	CPU_ZERO(&set);
-	CPU_SET(cpu, &set);
-	pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-}
-
 static void *sp_spinner(void *a)
 {
 	double t0;
 	void *p;
 
 	(void)a;
-	sp_pin_cpu(1);
+	pin_to_cpu(1);
 	while (!g_sp_go)
 		;
 	while (!g_sp_in_report)
@@ -1164,7 +1266,7 @@ static int sp_run(enum sp_act act, struct kreg_nf_sync_stats *st)
 
 	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
 		return skip("one CPU: no thread runs beside the changing one");
-	sp_pin_cpu(0);
+	pin_to_cpu(0);
 	g_sp_go = g_sp_in_report = g_sp_acking = false;
 	g_sp_saw_window = g_sp_after = false;
 	g_sp_act_ms = g_sp_getppid_ms = g_sp_seen_ms = -1;
@@ -1702,7 +1804,7 @@ static void *pk_spinner(void *a)
 	double t0;
 
 	(void)a;
-	sp_pin_cpu(1);
+	pin_to_cpu(1);
 	while (!g_pk_go)
 		;
 	while (!g_pk_in_report)
@@ -1724,7 +1826,7 @@ static int pk_start(struct pinned *pa)
 
 	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
 		return skip("one CPU: no thread runs beside the changing one");
-	sp_pin_cpu(0);
+	pin_to_cpu(0);
 	rc = pinned_watched(pa, false);
 	if (rc)
 		return rc;
@@ -1801,7 +1903,7 @@ static void *pr_reader(void *a)
 	char c;
 
 	(void)a;
-	sp_pin_cpu(1);
+	pin_to_cpu(1);
 	while (!g_pk_go)
 		;		/* in user space: parks at the warm-up changes */
 	g_pk_after = read(g_pr_pipe[0], &c, 1) == 1 && g_pk_acking;
@@ -2260,6 +2362,8 @@ const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-call-freed-address-held", t_sync_call_freed_address_held,
 	  NULL, NULL },
 	{ "sync-mmap-placed-off-freed", t_sync_mmap_placed_off_freed, NULL,
+	  NULL },
+	{ "sync-inflight-not-timed-out", t_sync_inflight_not_timed_out, NULL,
 	  NULL },
 	{ "sync-born-held", t_sync_born_held, NULL, NULL },
 	{ "sync-sleepers-not-walked", t_sync_sleepers_not_walked, NULL, NULL },
