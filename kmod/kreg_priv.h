@@ -202,6 +202,7 @@ struct kreg_sync_ent {
 	u64 end;	/* == start: a huge page split, nothing to report */
 	u64 seq;
 	u32 pending;	/* invalidations merged in that have not ended yet */
+	unsigned long ended;	/* jiffies: its (last) end, or when queued */
 	bool merged;	/* a full queue widened it */
 	bool gone;	/* its range has no VMA left: kreg_change_gone() */
 };
@@ -233,6 +234,8 @@ struct kreg_sync {
 	/* under lock: */
 	bool dead;			/* stopped: nothing queued, no gate holds */
 	bool need_reader;		/* poll() says EPOLLIN */
+	/* a DRAIN gave up waiting for a change: ask again at an end */
+	bool ask_at_end;
 	bool rescan;			/* a thread got no gate: walk all again */
 	struct pid *dispatcher;		/* the reader: never held */
 	u64 seq;			/* last queued */

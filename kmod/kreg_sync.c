@@ -114,6 +114,7 @@ static void kreg_sync_queue(struct kreg_sync *s,
 		e->gone = gone;
 	}
 	e->seq = ++s->seq;
+	e->ended = jiffies;
 	kreg_sync_count(s, KREG_ST_QUEUED);
 	if (s->nr_inflight < KREG_SYNC_INFLIGHT) {
 		s->inflight[s->nr_inflight].range = range;
@@ -336,7 +337,7 @@ static void kreg_sync_range_end(struct mmu_notifier *mn,
 	struct kreg_sync *s = container_of(mn, struct kreg_sync, mn);
 	struct kreg_sync_inflight *f;
 	struct kreg_sync_ent *e;
-	bool found = false;
+	bool found = false, ask = false;
 	u32 i;
 
 	/* every invalidation of the mm comes here: most are not ours */
@@ -354,6 +355,17 @@ static void kreg_sync_range_end(struct mmu_notifier *mn,
 		    e->start == range->start && e->end == range->end &&
 		    kreg_split_kept(range->mm, range->start, f->split_pfn))
 			e->end = e->start;
+		e->ended = jiffies;
+		/*
+		 * A DRAIN that waited for it gave up and got nothing: ask the
+		 * reader again, or no one may (another process's change: no
+		 * thread of this one comes to a gate after it).
+		 */
+		if (!e->pending && s->ask_at_end) {
+			s->ask_at_end = false;
+			s->need_reader = !s->dead;
+			ask = true;
+		}
 		*f = s->inflight[--s->nr_inflight];
 		found = true;
 		break;
@@ -361,6 +373,8 @@ static void kreg_sync_range_end(struct mmu_notifier *mn,
 	spin_unlock(&s->lock);
 	if (found)
 		wake_up_all(&s->wq);
+	if (ask)
+		wake_up_interruptible_poll(&s->poll_wq, EPOLLIN | EPOLLRDNORM);
 }
 
 static const struct mmu_notifier_ops kreg_sync_ops = {
@@ -453,6 +467,7 @@ long kreg_sync_start(struct kreg_ctx *ctx,
 	WRITE_ONCE(s->owner, get_pid(task_tgid(current)));
 	s->dead = false;
 	s->need_reader = false;
+	s->ask_at_end = false;
 	s->dispatcher = NULL;
 	s->q_first = 0;
 	s->q_n = 0;
@@ -514,6 +529,7 @@ void kreg_sync_stop_locked(struct kreg_sync *s)
 	spin_lock(&s->lock);
 	s->dead = true;
 	s->need_reader = false;
+	s->ask_at_end = false;
 	s->q_n = 0;
 	s->nr_inflight = 0;
 	s->done = s->seq;
@@ -652,24 +668,29 @@ void kreg_sync_put(struct kreg_ctx *ctx)
 	kref_put(&ctx->sync->ref, kreg_sync_release);
 }
 
-/* Every change queued up to snap has ended (or delivery stopped). */
-static bool kreg_sync_settled(struct kreg_sync *s, u64 snap)
+/* Every change queued up to snap has ended (or delivery stopped); lock. */
+static bool kreg_sync_settled_locked(struct kreg_sync *s, u64 snap)
 {
-	bool yes = true;
 	u32 i;
 
-	spin_lock(&s->lock);
 	for (i = 0; i < s->q_n && !s->dead; i++) {
 		struct kreg_sync_ent *e =
 			&s->q[(s->q_first + i) % KREG_NF_SYNC_QUEUE];
 
 		if (e->seq > snap)
 			break;
-		if (e->pending) {
-			yes = false;
-			break;
-		}
+		if (e->pending)
+			return false;
 	}
+	return true;
+}
+
+static bool kreg_sync_settled(struct kreg_sync *s, u64 snap)
+{
+	bool yes;
+
+	spin_lock(&s->lock);
+	yes = kreg_sync_settled_locked(s, snap);
 	spin_unlock(&s->lock);
 	return yes;
 }
@@ -728,6 +749,9 @@ long kreg_sync_drain(struct kreg_ctx *ctx,
 	max = min_t(u32, arg.max, KREG_DRAIN_BATCH);
 	arg.seq = 0;
 	spin_lock(&s->lock);
+	/* gave up on one: kreg_sync_range_end() asks the reader at its end */
+	if (!kreg_sync_settled_locked(s, snap))
+		s->ask_at_end = true;
 	/* splits first in line need no report: acknowledged here */
 	acked = false;
 	while (s->q_n && !s->dead) {

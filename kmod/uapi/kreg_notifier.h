@@ -178,7 +178,9 @@ struct kreg_nf_event {
  *    queued before has been acknowledged by a DRAIN ("the gate"), at most
  *    gate_timeout_ms from the end of the last of those changes (a change
  *    whose call is still under way, its thread starved of its CPU, say,
- *    needs nothing of a held thread). A thread whose own handler is about to run passes
+ *    needs nothing of a held thread); a change that a DRAIN gave up
+ *    waiting for wakes the dispatcher at its end. A thread whose own
+ *    handler is about to run passes
  *    (its handler reports everything queued), and so do the dispatcher, a
  *    thread that is reporting (its last DRAIN handed it ranges: what it
  *    runs to report them may make system calls inside locks that other

@@ -366,6 +366,8 @@ static int t_sync_inflight_not_timed_out(void)
 	rc = pinned_at(&b, p, len);
 	if (rc)
 		return rc;
+	g_sy.want_start = (uintptr_t)p;
+	g_sy.want_end = (uintptr_t)p + len;
 	CHECK(pipe(g_if_pipe) == 0, "pipe");
 	CHECK(pthread_create(&caller, NULL, if_caller, NULL) == 0, "caller");
 	pin_to_cpu(0);
@@ -383,6 +385,8 @@ static int t_sync_inflight_not_timed_out(void)
 	g_if_stop = true;
 	pthread_join(caller, NULL);
 	io_uring_queue_exit(&b.ring);
+	for (int i = 0; i < 100 && !g_sy.reported; i++)
+		usleep(10000);
 	sy_stop_dispatcher();
 	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
 	printf("munmap of %zu MiB took %.0f ms beside the hog; the caller made %lu calls; gates %llu waits %llu timeouts %llu\n",
@@ -392,6 +396,7 @@ static int t_sync_inflight_not_timed_out(void)
 	if (ms < 3 * IF_TIMEOUT_MS)
 		return skip("the munmap took %.0f ms: not starved past the gate timeout (%d ms)",
 			    ms, IF_TIMEOUT_MS);
+	CHECK(g_sy.reported, "the munmap was not reported");
 	CHECK(st.gate_waits > 0, "the caller was never held");
 	CHECK(st.gate_timeouts == 0,
 	      "%llu gates timed out behind a change still in flight",
@@ -2206,6 +2211,64 @@ static int punch_from_child(int mfd, size_t len)
 }
 
 /*
+ * Another process's change of pages this process pinned that stays in
+ * flight longer than the reader's DRAINs wait for it (one gate timeout
+ * each): they hand out nothing, and no thread of this process makes the
+ * change, so none comes to a gate after its end to ask the reader again.
+ * The module of 2ab8e35 asked nobody at that end: every thread held
+ * meanwhile waited out its gate's timeout and went on unreported (CI
+ * timed sync-inflight-not-timed-out's caller out so once, its changing
+ * thread starved between its change's end and its own gate).
+ */
+enum { LE_TIMEOUT_MS = 20 };
+
+static int t_sync_late_end_asks_reader(void)
+{
+	/* 90-130 ms in flight under TCG: past the reader's two waits */
+	const size_t len = 768ul << 20;
+	struct kreg_nf_sync_stats st;
+	struct pinned b;
+	pthread_t sc;
+	int mfd, rc;
+	char *p;
+
+	CHECK(sy_start(0, LE_TIMEOUT_MS, true) == 0, "SYNC_START");
+	mfd = memfd_of(len);
+	CHECK(mfd >= 0 && (p = map_shared(mfd, len)), "memfd");
+	rc = pinned_at(&b, p, len);
+	if (rc)
+		return rc;
+	g_sy.want_start = (uintptr_t)p;
+	g_sy.want_end = (uintptr_t)p + len;
+	g_stop = false;
+	g_worst_ms = 0;
+	CHECK(pthread_create(&sc, NULL, syscaller, NULL) == 0, "pthread_create");
+	usleep(20000);
+	CHECK(punch_from_child(mfd, len) == 0, "hole punch by another process");
+	for (int i = 0; i < 100 && !g_sy.reported; i++)
+		usleep(10000);
+	g_stop = true;
+	pthread_join(sc, NULL);
+	io_uring_queue_exit(&b.ring);
+	sy_stop_dispatcher();
+	CHECK(sy_stats(&st) == 0, "SYNC_STATS");
+	printf("another process's punch of %zu MiB: the caller held %.0f ms at most; late %llu gate waits %llu timeouts %llu\n",
+	       len >> 20, g_worst_ms, (unsigned long long)st.late,
+	       (unsigned long long)st.gate_waits,
+	       (unsigned long long)st.gate_timeouts);
+	CHECK(st.late >= 1 && g_sy.reported,
+	      "the punch was not reported (late %llu)",
+	      (unsigned long long)st.late);
+	if (!st.gate_timeouts && g_worst_ms < 3 * LE_TIMEOUT_MS)
+		return skip("the punch's change ended within the reader's first waits (%.0f ms)",
+			    g_worst_ms);
+	CHECK(st.gate_timeouts == 0,
+	      "%llu gates timed out after the change ended unreported",
+	      (unsigned long long)st.gate_timeouts);
+	return 0;
+}
+
+/*
  * This process has pinned memory (pinned_vm > 0) and maps a shared memfd
  * it never pinned; another process punches a hole in that memfd: nothing
  * is queued and no thread of this process is held. Then the control: the
@@ -2399,6 +2462,7 @@ const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-reader-own-change", t_sync_reader_own_change, NULL, NULL },
 	{ "sync-other-process-unpinned", t_sync_other_process_unpinned, NULL, NULL },
 	{ "sync-unpinned-other-process", t_sync_unpinned_other_process, NULL, NULL },
+	{ "sync-late-end-asks-reader", t_sync_late_end_asks_reader, NULL, NULL },
 	{ "sync-exec-inherited", t_sync_exec_inherited, NULL, NULL },
 };
 const size_t nf_n_sync_threads = sizeof(nf_tests_sync_threads) / sizeof(nf_tests_sync_threads[0]);
