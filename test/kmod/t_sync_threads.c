@@ -2220,12 +2220,16 @@ static int punch_from_child(int mfd, size_t len)
  * timed sync-inflight-not-timed-out's caller out so once, its changing
  * thread starved between its change's end and its own gate).
  */
-enum { LE_TIMEOUT_MS = 20 };
+enum { LE_TIMEOUT_MS = 30 };
 
 static int t_sync_late_end_asks_reader(void)
 {
-	/* 90-130 ms in flight under TCG: past the reader's two waits */
-	const size_t len = 768ul << 20;
+	/*
+	 * 1 GiB (io_uring's most for one buffer): 100-170 ms in flight
+	 * under TCG, past the reader's two waits, and a report has the
+	 * timeout's 30 ms after the end (TCG stalls a vCPU for a few ms)
+	 */
+	const size_t len = 1ul << 30;
 	struct kreg_nf_sync_stats st;
 	struct pinned b;
 	pthread_t sc;
