@@ -113,8 +113,9 @@ static ucs_config_field_t kreg_options_table[] = {
 
     {"SYNC_TIMEOUT", "1s",
      "The longest a thread is held at its return to user space waiting for a\n"
-     "change of pinned memory to be reported (1ms..60s). Past it the thread\n"
-     "goes on, counted in kreg_get_stats and warned of once.",
+     "change of pinned memory to be reported, counted from the change's end\n"
+     "(1ms..60s). Past it the thread goes on, counted in kreg_get_stats and\n"
+     "warned of once.",
      offsetof(kreg_options_t, sync_timeout), UCS_CONFIG_TYPE_TIME},
 
     {"SYNC_UNPINNED", "n",
