@@ -26,8 +26,14 @@
  * range, and a fixed address is the caller's choice (held at its return).
  * A mapping of 2 MiB or more gets 2 MiB of free slack above it, since a
  * kernel that aligns large anonymous mappings to huge pages takes a hint
- * only where the padded length is free. When no such gap is found the call is
- * left alone (held at its return, as before).
+ * only where the padded length is free (since 6.7, until hints were
+ * taken as they are), and one of whole huge pages a hint aligned to them,
+ * with 2 MiB more slack: a kernel that chooses the address aligns those
+ * itself (6.12), and the hint would otherwise cost them their huge pages
+ * whenever a change is unreported.
+ * No unreported change may lie anywhere in the slack, where such a kernel
+ * may move the mapping. When no such gap is found the call is left alone
+ * (held at its return, as before).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -79,10 +85,12 @@ static unsigned long kreg_place_off(struct kreg_sync *s, struct mm_struct *mm,
 				    unsigned long addr, unsigned long len)
 {
 	unsigned long size = len, high = mm->mmap_base, hint = 0, over;
+	bool huge = IS_ENABLED(CONFIG_TRANSPARENT_HUGEPAGE) &&
+		    IS_ALIGNED(len, PMD_SIZE);
 	int tries;
 
 	if (len >= PMD_SIZE)
-		size += PMD_SIZE;
+		size += huge ? 2 * PMD_SIZE : PMD_SIZE;
 	if (size < len || size > high)
 		return 0;
 	spin_lock(&s->lock);
@@ -91,7 +99,7 @@ static unsigned long kreg_place_off(struct kreg_sync *s, struct mm_struct *mm,
 		addr = PAGE_ALIGN(addr);
 		if (addr >= KREG_PLACE_LOW && addr <= TASK_SIZE - size &&
 		    !find_vma_intersection(mm, addr, addr + size) &&
-		    !kreg_place_overlap(s, addr, addr + len))
+		    !kreg_place_overlap(s, addr, addr + size))
 			goto out;
 	}
 	for (tries = 0; tries < KREG_PLACE_TRIES; tries++) {
@@ -101,9 +109,9 @@ static unsigned long kreg_place_off(struct kreg_sync *s, struct mm_struct *mm,
 		    mas_empty_area_rev(&mas, KREG_PLACE_LOW, high - 1, size))
 			break;
 		/* the mapping at the bottom of the area, the slack above it */
-		over = kreg_place_overlap(s, mas.index, mas.index + len);
+		over = kreg_place_overlap(s, mas.index, mas.index + size);
 		if (!over) {
-			hint = mas.index;
+			hint = huge ? ALIGN(mas.index, PMD_SIZE) : mas.index;
 			break;
 		}
 		high = over;
