@@ -2307,6 +2307,108 @@ static int t_sync_late_end_asks_reader(void)
 }
 
 /*
+ * SIGKILL of a process whose threads are held behind another process's
+ * change still in flight (a punch of 1 GiB it pinned): the gate's timeout
+ * does not run while the change is in flight, so only the wait's being
+ * killable ends it; the process dies within the punch's own time, and the
+ * punch's end, after the process and its descriptor are gone, finds
+ * nothing of it (dmesg-clean and KFENCE after it).
+ */
+static void *beater(void *a)
+{
+	volatile uint64_t *beat = a;
+
+	for (;;) {
+		syscall(SYS_getppid);
+		beat[0] = (uint64_t)now_ns();
+	}
+	return NULL;
+}
+
+static int t_sync_sigkill_behind_inflight(void)
+{
+	const size_t len = 1ul << 30;
+	long c0 = sysval("contexts"), r0 = sysval("ranges"), c, r;
+	volatile uint64_t *beat;
+	double kill_ms, gap_ms = 0;
+	bool in_flight;
+	pid_t child, puncher;
+	int mfd, status, pst, i;
+
+	beat = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+		    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	CHECK(beat != MAP_FAILED, "mmap");
+	mfd = memfd_of(len);
+	CHECK(mfd >= 0, "memfd");
+	child = fork();
+	CHECK(child >= 0, "fork");
+	if (child == 0) {
+		struct pinned b;
+		pthread_t sc;
+		char *p;
+		int rc;
+
+		if (sy_start(0, 5000, true))
+			_exit(2);
+		p = map_shared(mfd, len);
+		if (!p)
+			_exit(3);
+		rc = pinned_at(&b, p, len);
+		if (rc)
+			_exit(rc);
+		if (pthread_create(&sc, NULL, beater, (void *)beat))
+			_exit(4);
+		beat[1] = 1;
+		for (;;)
+			usleep(1000);
+	}
+	for (i = 0; i < 60000 && !beat[1]; i++) {
+		if (waitpid(child, &status, WNOHANG) == child) {
+			if (WIFEXITED(status) && WEXITSTATUS(status) == 77)
+				return skip("no pinned memory in the child");
+			CHECK(0, "the child ended before its pin: %#x", status);
+		}
+		usleep(1000);
+	}
+	CHECK(beat[1], "the child never pinned its memfd");
+	usleep(20000);
+	puncher = fork();
+	CHECK(puncher >= 0, "fork");
+	if (puncher == 0)
+		_exit(fallocate(mfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				0, len) ? 3 : 0);
+	/* held: the beat, every few us otherwise, stops for 20 ms */
+	for (i = 0; i < 5000 && gap_ms < 20; i++) {
+		usleep(1000);
+		gap_ms = (now_ns() - (double)beat[0]) / 1e6;
+	}
+	in_flight = waitpid(puncher, &pst, WNOHANG) == 0;
+	kill_ms = now_ns();
+	kill(child, SIGKILL);
+	CHECK(waitpid(child, &status, 0) == child, "waitpid");
+	kill_ms = ms_since(kill_ms);
+	if (in_flight)
+		CHECK(waitpid(puncher, &pst, 0) == puncher, "waitpid");
+	printf("killed after the beat stopped for %.0f ms, with the punch %s: dead in %.0f ms\n",
+	       gap_ms, in_flight ? "in flight" : "over", kill_ms);
+	CHECK(WIFEXITED(pst) && !WEXITSTATUS(pst), "the punch: %#x", pst);
+	CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+	      "child %#x", status);
+	CHECK(live_back_to(c0, r0, &c, &r),
+	      "after the kill: contexts %ld ranges %ld, baseline %ld %ld", c,
+	      r, c0, r0);
+	close(mfd);
+	munmap((void *)beat, 4096);
+	if (gap_ms < 20 || !in_flight)
+		return skip("%s: nothing held behind a change in flight to kill",
+			    gap_ms < 20 ? "the beat never stopped" :
+					  "the punch ended first");
+	CHECK(kill_ms < 2000, "the kill took %.0f ms: a held wait not killable?",
+	      kill_ms);
+	return 0;
+}
+
+/*
  * This process has pinned memory (pinned_vm > 0) and maps a shared memfd
  * it never pinned; another process punches a hole in that memfd: nothing
  * is queued and no thread of this process is held. Then the control: the
@@ -2503,6 +2605,8 @@ const struct nf_test nf_tests_sync_threads[] = {
 	{ "sync-other-process-unpinned", t_sync_other_process_unpinned, NULL, NULL },
 	{ "sync-unpinned-other-process", t_sync_unpinned_other_process, NULL, NULL },
 	{ "sync-late-end-asks-reader", t_sync_late_end_asks_reader, NULL, NULL },
+	{ "sync-sigkill-behind-inflight", t_sync_sigkill_behind_inflight, NULL,
+	  NULL },
 	{ "sync-exec-inherited", t_sync_exec_inherited, NULL, NULL },
 };
 const size_t nf_n_sync_threads = sizeof(nf_tests_sync_threads) / sizeof(nf_tests_sync_threads[0]);
