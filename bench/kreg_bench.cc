@@ -527,7 +527,7 @@ int parent_threads(int reps, const std::vector<std::string> &kinds,
             }
             summary b, cpu;
             /* threads that count their iterations */
-            if (n > 0 && (kind == "spinning" || kind == "syscalls")) {
+            if (n > 0 && (kind == "spinning" || kind == "syscalls" || kind == "apart")) {
                 b   = summarize({"P3T", "P3.bg_rate", sync, "hooks", "P3.bg_rate", ""}, r);
                 cpu = summarize({"P3T", "P3.bg_cpu", sync, "hooks", "P3.bg_cpu", ""}, r);
                 if (b.ok) {
@@ -535,6 +535,27 @@ int parent_threads(int reps, const std::vector<std::string> &kinds,
                 }
             }
             printf("\n");
+            /* what sync adds as T grows, beside what the same T costs
+             * hooks in the same run: each run's sync P3(T)/P3(1) over its
+             * hooks P3(T)/P3(1), the median (a reading only; the goal is
+             * the line above) */
+            {
+                std::vector<double> g;
+                const std::vector<run_timings> &z = runs[kind][1];
+                for (size_t i = 0; i < r.size() && i < z.size(); ++i) {
+                    double sx, sy, hx, hy;
+                    if (value(r[i], sync, key, &sx) && value(z[i], sync, key, &sy) &&
+                        value(r[i], "hooks", key, &hx) && value(z[i], "hooks", key, &hy) &&
+                        sy > 0 && hx > 0 && hy > 0) {
+                        g.push_back((sx / sy) / (hx / hy));
+                    }
+                }
+                if (!g.empty()) {
+                    printf("# growth %s T=%d: %s's P3(T)/P3(1) over hooks', run by run: "
+                           "median %.2f over %zu runs\n", kind.c_str(), n, sync.c_str(),
+                           median(g), g.size());
+                }
+            }
             /* the same in reference-loop units, which divide out the
              * speed state a child ran in (bench/README.md, "Noise") */
             printf("# ref %s T=%d: P3(T)/P3(1) in reference-loop units:", kind.c_str(), n);
@@ -638,7 +659,7 @@ int main(int argc, char **argv)
     std::string cfg;
     int reps  = 7;
     bool busy = false, threads = false;
-    std::vector<std::string> kinds = {"asleep", "stacks", "spinning", "syscalls"};
+    std::vector<std::string> kinds = {"asleep", "stacks", "spinning", "apart", "syscalls"};
     /* the goal is against T = 1; T = 0 is the stricter base */
     std::vector<int> counts = {0, 1, 4, 16, 64, 1024};
     for (int i = 1; i < argc; ++i) {
@@ -682,7 +703,7 @@ int main(int argc, char **argv)
             g_inner     = 1;
         } else {
             fprintf(stderr,
-                    "usage: %s [--busy|--threads [--kinds asleep,stacks,spinning,syscalls] "
+                    "usage: %s [--busy|--threads [--kinds asleep,stacks,spinning,apart,syscalls] "
                     "[--counts 0,1,4,16,64,1024]] [--reps N] [--ms MS] [--inner K] "
                     "[--quick]\n", argv[0]);
             return 2;
@@ -693,9 +714,11 @@ int main(int argc, char **argv)
     }
     if (threads) {
         for (const std::string &k : kinds) {
-            if ((k != "asleep") && (k != "stacks") && (k != "spinning") && (k != "syscalls")) {
+            if ((k != "asleep") && (k != "stacks") && (k != "spinning") && (k != "syscalls") &&
+                (k != "apart")) {
                 fprintf(stderr,
-                        "%s: --kinds: '%s' is none of asleep, stacks, spinning, syscalls\n",
+                        "%s: --kinds: '%s' is none of asleep, stacks, spinning, apart, "
+                        "syscalls\n",
                         argv[0], k.c_str());
                 return 2;
             }

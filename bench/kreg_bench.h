@@ -11,7 +11,8 @@ extern double g_target_ms; /* wall time of one measurement */
 extern int    g_inner;     /* measurements per child, median printed */
 extern bool   g_p2p4_only; /* --busy: the children measure P2, P3, P4 only */
 /* --threads: the children measure P3 only, with g_bg_n other threads of
- * kind g_bg_kind ("asleep", "spinning", "syscalls") in the process, or
+ * kind g_bg_kind ("asleep", "spinning", "syscalls") in the process, "apart"
+ * (spinners in a forked process), or
  * ("stacks") the stacks of g_bg_n threads without the threads */
 extern std::string g_bg_kind;
 extern int         g_bg_n;

@@ -6,10 +6,13 @@
 #include "bench_cache.h"
 
 #include <functional>
-#include <memory>
+#include <new>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 
 namespace bench {
 
@@ -321,7 +324,9 @@ void measure_free_cached(bench_cache *c, const std::function<void(bool)> &edge =
  * the last two at SCHED_IDLE on every CPU but the measured thread's (CPU
  * 0, with 2 CPUs or more), so that P3 measures the mechanism, not the
  * scheduler's share of a CPU. Each counts its iterations in a cache line
- * of its own. */
+ * of its own. "apart", the control of "spinning": the same spinners in
+ * another process (forked), which no mechanism of this one watches: what
+ * T spinners on the other CPUs cost P3 through the machine alone. */
 /* A spinning or calling thread: at SCHED_IDLE on every CPU but 0, counting
  * its iterations in *n until *stop. */
 void spin_elsewhere(bool calls, std::atomic<uint64_t> *n, const std::atomic<bool> *stop)
@@ -355,23 +360,30 @@ public:
         if ((kind == "stacks") && !map_stacks(n)) {
             return false;
         }
-        count_.reset(new line[std::max(1, n)]);
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setstacksize(&attr, 64 << 10);
-        for (int i = 0; (i < n) && (kind != "stacks"); ++i) {
-            arg_.push_back({this, i, kind});
+        /* shared, so that the counts of "apart" reach this process */
+        count_n_ = static_cast<size_t>(std::max(1, n));
+        void *c = mmap(nullptr, count_n_ * sizeof(line), PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (c == MAP_FAILED) {
+            return false;
         }
-        for (int i = 0; (i < n) && (kind != "stacks"); ++i) {
-            pthread_t t;
-            if (pthread_create(&t, &attr, main_of, &arg_[static_cast<size_t>(i)]) != 0) {
-                fprintf(stderr, "bench: %d of %d threads created\n", i, n);
-                pthread_attr_destroy(&attr);
+        count_ = static_cast<line *>(c);
+        for (size_t i = 0; i < count_n_; ++i) {
+            new (&count_[i]) line();
+        }
+        if (kind == "apart") {
+            apart_ = fork();
+            if (apart_ < 0) {
                 return false;
             }
-            threads_.push_back(t);
+            if (apart_ == 0) {
+                /* never outlive the measurement */
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                _exit(make_threads(n, "spinning") ? (pause(), 0) : 1);
+            }
+        } else if ((kind != "stacks") && !make_threads(n, kind)) {
+            return false;
         }
-        pthread_attr_destroy(&attr);
         /* the measured thread on CPU 0, the others on the rest */
         const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         if (ncpu >= 2) {
@@ -388,7 +400,7 @@ public:
     uint64_t iterations() const
     {
         uint64_t s = 0;
-        for (size_t i = 0; i < threads_.size(); ++i) {
+        for (size_t i = 0; (apart_ > 0 || i < threads_.size()) && i < count_n_; ++i) {
             s += count_[i].v.load(std::memory_order_relaxed);
         }
         return s;
@@ -399,6 +411,13 @@ public:
     uint64_t cpu_ns() const
     {
         uint64_t s = 0;
+        clockid_t pid_clock;
+        struct timespec pt;
+        if ((apart_ > 0) && (clock_getcpuclockid(apart_, &pid_clock) == 0) &&
+            (clock_gettime(pid_clock, &pt) == 0)) {
+            s = static_cast<uint64_t>(pt.tv_sec) * 1000000000u +
+                static_cast<uint64_t>(pt.tv_nsec);
+        }
         for (pthread_t t : threads_) {
             clockid_t id;
             struct timespec ts;
@@ -424,9 +443,39 @@ public:
             pthread_join(t, nullptr);
         }
         threads_.clear();
+        if (apart_ > 0) {
+            kill(apart_, SIGKILL);
+            waitpid(apart_, nullptr, 0);
+            apart_ = 0;
+        }
+        if (count_ != nullptr) {
+            munmap(count_, count_n_ * sizeof(line));
+            count_ = nullptr;
+        }
     }
 
 private:
+    bool make_threads(int n, const std::string &kind)
+    {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 64 << 10);
+        for (int i = 0; i < n; ++i) {
+            arg_.push_back({this, i, kind});
+        }
+        for (int i = 0; i < n; ++i) {
+            pthread_t t;
+            if (pthread_create(&t, &attr, main_of, &arg_[static_cast<size_t>(i)]) != 0) {
+                fprintf(stderr, "bench: %d of %d threads created\n", i, n);
+                pthread_attr_destroy(&attr);
+                return false;
+            }
+            threads_.push_back(t);
+        }
+        pthread_attr_destroy(&attr);
+        return true;
+    }
+
     /* a thread's stack as start() asks glibc for it: 64 KiB under a guard page */
     static constexpr size_t stack_span = (64 << 10) + 4096;
 
@@ -486,7 +535,9 @@ private:
 
     int                      pipe_[2] = {-1, -1};
     std::atomic<bool>        stop_{false};
-    std::unique_ptr<line[]>  count_;
+    line                    *count_   = nullptr; /* MAP_SHARED */
+    size_t                   count_n_ = 0;
+    pid_t                    apart_   = 0; /* the spinners' process ("apart") */
     std::vector<arg>         arg_;
     std::vector<pthread_t>   threads_;
     std::vector<void *>      stacks_;
